@@ -1,0 +1,2 @@
+//! The `gpuvisor` command (being written).
+fn main() {}

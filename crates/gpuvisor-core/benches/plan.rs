@@ -1,0 +1,2 @@
+//! Planner benchmark (being written).
+fn main() {}

@@ -1,0 +1,137 @@
+//! Byte sizes as users write them: `12GiB`, `800MiB`, `12GB` (10^9), `512KiB`, `1024` (bytes).
+//!
+//! Binary units (KiB, MiB, GiB, TiB) are powers of 1024; decimal units (KB, MB, GB, TB) are
+//! powers of 1000, as on a GPU vendor's data sheet. Units are case-insensitive; a fractional
+//! number (`1.5GiB`) is accepted and rounded down to whole bytes.
+
+use std::fmt;
+
+/// 1 KiB.
+pub const KIB: u64 = 1 << 10;
+/// 1 MiB.
+pub const MIB: u64 = 1 << 20;
+/// 1 GiB.
+pub const GIB: u64 = 1 << 30;
+/// 1 TiB.
+pub const TIB: u64 = 1 << 40;
+
+/// Why a size string was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SizeError {
+    /// Nothing was written.
+    #[error("empty size")]
+    Empty,
+    /// The number part is missing or malformed.
+    #[error("`{0}` does not start with a number")]
+    NotANumber(String),
+    /// The unit is not one of the known ones.
+    #[error("unknown unit `{unit}` in `{text}`; expected one of B, KiB, MiB, GiB, TiB, KB, MB, GB, TB")]
+    UnknownUnit {
+        /// The whole text.
+        text: String,
+        /// The unit part.
+        unit: String,
+    },
+    /// The size is zero or negative.
+    #[error("`{0}` is not a positive size")]
+    NotPositive(String),
+    /// The size does not fit in 64 bits.
+    #[error("`{0}` is too large")]
+    TooLarge(String),
+}
+
+/// Parses a byte size such as `12GiB`, `800 MiB`, `12GB` or `1024`. Zero is refused.
+pub fn parse_size(text: &str) -> Result<u64, SizeError> {
+    let trimmed = text.trim();
+    if trimmed.is_empty() {
+        return Err(SizeError::Empty);
+    }
+    let split = trimmed
+        .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '-' || c == '+'))
+        .unwrap_or(trimmed.len());
+    let (number, unit) = trimmed.split_at(split);
+    let value: f64 = number
+        .parse()
+        .map_err(|_| SizeError::NotANumber(trimmed.to_string()))?;
+    let multiplier = unit_multiplier(unit.trim()).ok_or_else(|| SizeError::UnknownUnit {
+        text: trimmed.to_string(),
+        unit: unit.trim().to_string(),
+    })?;
+    let bytes = value * multiplier as f64;
+    if !(bytes >= 1.0) {
+        return Err(SizeError::NotPositive(trimmed.to_string()));
+    }
+    if bytes >= u64::MAX as f64 {
+        return Err(SizeError::TooLarge(trimmed.to_string()));
+    }
+    Ok(bytes as u64)
+}
+
+fn unit_multiplier(unit: &str) -> Option<u64> {
+    Some(match unit.to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kib" => KIB,
+        "m" | "mib" => MIB,
+        "g" | "gib" => GIB,
+        "t" | "tib" => TIB,
+        "kb" => 1_000,
+        "mb" => 1_000_000,
+        "gb" => 1_000_000_000,
+        "tb" => 1_000_000_000_000,
+        _ => return None,
+    })
+}
+
+/// A byte count that prints in the largest binary unit with one decimal: `12.0 GiB`,
+/// `512.0 MiB`, `100 B`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct ByteSize(pub u64);
+
+impl fmt::Display for ByteSize {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let bytes = self.0;
+        let (unit, name) = if bytes >= TIB {
+            (TIB, "TiB")
+        } else if bytes >= GIB {
+            (GIB, "GiB")
+        } else if bytes >= MIB {
+            (MIB, "MiB")
+        } else if bytes >= KIB {
+            (KIB, "KiB")
+        } else {
+            return write!(f, "{bytes} B");
+        };
+        write!(f, "{:.1} {name}", bytes as f64 / unit as f64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_binary_and_decimal_units() {
+        assert_eq!(parse_size("12GiB"), Ok(12 * GIB));
+        assert_eq!(parse_size("800MiB"), Ok(800 * MIB));
+        assert_eq!(parse_size("12GB"), Ok(12_000_000_000));
+        assert_eq!(parse_size("1.5 gib"), Ok(3 * GIB / 2));
+        assert_eq!(parse_size("4096"), Ok(4096));
+    }
+
+    #[test]
+    fn refuses_bad_sizes() {
+        assert!(matches!(parse_size(""), Err(SizeError::Empty)));
+        assert!(matches!(parse_size("GiB"), Err(SizeError::NotANumber(_))));
+        assert!(matches!(parse_size("12XB"), Err(SizeError::UnknownUnit { .. })));
+        assert!(matches!(parse_size("0GiB"), Err(SizeError::NotPositive(_))));
+        assert!(matches!(parse_size("-1GiB"), Err(SizeError::NotPositive(_))));
+        assert!(matches!(parse_size("1e30TiB"), Err(SizeError::NotANumber(_)) | Err(SizeError::TooLarge(_))));
+    }
+
+    #[test]
+    fn prints_in_largest_unit() {
+        assert_eq!(ByteSize(12 * GIB).to_string(), "12.0 GiB");
+        assert_eq!(ByteSize(512 * MIB).to_string(), "512.0 MiB");
+        assert_eq!(ByteSize(100).to_string(), "100 B");
+    }
+}

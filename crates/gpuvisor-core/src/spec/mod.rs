@@ -1,0 +1,15 @@
+//! The job file: a TOML description of the processes of one job and the GPUs they share.
+//!
+//! [`parse_job`] turns the text of a job file into a validated [`JobSpec`], or a
+//! [`Diagnostic`] that names file:line:col, the key, what was expected, and (where it helps) a
+//! near spelling. Validation that needs no GPU happens here (unknown keys, sizes, cycles in
+//! `after`, ...); validation against real GPUs happens in [`crate::plan`], which uses the
+//! [`Span`]s kept in the spec to point back into the file.
+
+mod diagnostic;
+mod model;
+mod parse;
+
+pub use diagnostic::{Diagnostic, Span};
+pub use model::*;
+pub use parse::{parse_job, read_job_file};

@@ -1,0 +1,255 @@
+//! The validated job model. Everything here has passed [`super::parse_job`]: names are unique,
+//! `after` names exist and form no cycle, sizes are positive, CPU-only processes ask for no memory.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use serde::Serialize;
+
+use super::Span;
+
+/// A whole job file, validated.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct JobSpec {
+    /// The job file as the user named it (for diagnostics found after parsing).
+    #[serde(skip)]
+    pub path: PathBuf,
+    /// The text of the job file (for diagnostics found after parsing).
+    #[serde(skip)]
+    pub source: String,
+    /// `[job] name`; defaults to the file stem.
+    pub name: String,
+    /// How budgets are enforced for the whole job (`[job] enforce`).
+    pub enforcement: Enforcement,
+    /// The `[gpus]` table.
+    pub gpus: GpuSection,
+    /// `[process.NAME]` tables in file order.
+    pub processes: Vec<ProcessSpec>,
+}
+
+/// How a job's budgets hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Enforcement {
+    /// `enforce = "shim"` (default): the CUDA-driver shim enforces each budget and reports it as
+    /// the device size, so framework fractions are relative to the budget.
+    Shim,
+    /// `enforce = "framework"`: only the frameworks' own settings; fractions are relative to the
+    /// physical device, and nothing stops a process that ignores them.
+    Framework,
+}
+
+/// The `[gpus]` table.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct GpuSection {
+    /// `devices`: which GPUs the job may use, by index or UUID; `None` means all of them.
+    pub devices: Option<Vec<DeviceSelector>>,
+    /// Where `devices` was written, for errors found at plan time.
+    pub devices_span: Option<Span>,
+    /// `reserve`: bytes kept free on every GPU (default 0).
+    pub reserve_bytes: u64,
+    /// `context_overhead`: bytes charged per process per GPU for the CUDA context and friends
+    /// (default 500 MiB).
+    pub context_overhead_bytes: u64,
+    /// `placement`: pack (default) or spread.
+    pub placement: Placement,
+}
+
+/// One entry of `[gpus] devices`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum DeviceSelector {
+    /// A device index as NVML numbers them (PCI bus order).
+    Index(u32),
+    /// A device UUID (`GPU-...` or `MIG-...`).
+    Uuid(String),
+}
+
+/// How replicas with a fixed ask are spread over GPUs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Placement {
+    /// Fill the lowest-numbered GPU first.
+    Pack,
+    /// Put each replica on the GPU with the most memory left.
+    Spread,
+}
+
+/// One `[process.NAME]` table.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ProcessSpec {
+    /// The table's name (`learner` in `[process.learner]`).
+    pub name: String,
+    /// Where the `[process.NAME]` table starts.
+    pub span: Span,
+    /// What to run; `{replica}` is substituted per replica.
+    pub command: Command,
+    /// Working directory (relative paths are relative to the job file's directory).
+    pub cwd: Option<PathBuf>,
+    /// Extra environment; `{replica}` is substituted in values. Wins over generated variables.
+    pub env: BTreeMap<String, String>,
+    /// How many copies to run (>= 1).
+    pub replicas: u32,
+    /// Which framework's settings to generate.
+    pub framework: Framework,
+    /// GPU or CPU-only.
+    pub device: DeviceKind,
+    /// Devices per replica (>= 1; ignored for CPU-only processes).
+    pub gpus_per_replica: u32,
+    /// Where `gpus` was written (or the table, if not written).
+    pub gpus_span: Span,
+    /// Memory per replica per GPU; `None` for CPU-only processes.
+    pub memory: Option<MemoryAsk>,
+    /// Where `memory` was written (or the table, if not written).
+    pub memory_span: Span,
+    /// JAX only: whether XLA preallocates its pool (default true, as JAX does).
+    pub preallocate: bool,
+    /// Keep the GPU for this replica's own process but refuse CUDA to every process it spawns
+    /// (scenario S2: collector workers). Default false.
+    pub children_cpu_only: bool,
+    /// Names of processes this one waits for.
+    pub after: Vec<String>,
+    /// The `restart` section.
+    pub restart: RestartSpec,
+    /// The `stop` section.
+    pub stop: StopSpec,
+}
+
+/// What a process runs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Command {
+    /// `command = ["python", "train.py"]`: run directly, no shell.
+    Argv(Vec<String>),
+    /// `command = "python train.py | tee log"` with `shell = true`: run by `/bin/sh -c`.
+    Shell(String),
+}
+
+/// The framework whose environment variables a process gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Framework {
+    /// JAX / XLA.
+    Jax,
+    /// PyTorch.
+    Torch,
+    /// TensorFlow.
+    Tensorflow,
+    /// Plain CUDA (a simulator, a C++ program).
+    Cuda,
+    /// Nothing framework-specific (the default).
+    None,
+}
+
+impl Framework {
+    /// Every framework, in the order the job file documents them.
+    pub const ALL: [Framework; 5] = [
+        Framework::Jax,
+        Framework::Torch,
+        Framework::Tensorflow,
+        Framework::Cuda,
+        Framework::None,
+    ];
+
+    /// The name used in job files and output.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Framework::Jax => "jax",
+            Framework::Torch => "torch",
+            Framework::Tensorflow => "tensorflow",
+            Framework::Cuda => "cuda",
+            Framework::None => "none",
+        }
+    }
+}
+
+/// Whether a process gets a GPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum DeviceKind {
+    /// It runs on GPUs (the default).
+    Gpu,
+    /// It must never open a CUDA context.
+    Cpu,
+}
+
+/// How much GPU memory one replica asks for on each of its GPUs.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum MemoryAsk {
+    /// An absolute budget in bytes (`12GiB`): what the process may allocate; its context is
+    /// charged on top.
+    Bytes(u64),
+    /// A share of the GPU's usable memory (`30%`), in (0, 100]: the process's whole footprint,
+    /// context included.
+    Percent(f64),
+    /// An equal share of what is left on the GPU after the fixed asks (`rest`).
+    Rest,
+}
+
+/// When a process is restarted after it exits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RestartPolicy {
+    /// Never (default).
+    No,
+    /// After a non-zero exit or a signal.
+    OnFailure,
+    /// After any exit.
+    Always,
+}
+
+/// `restart = "on-failure"` or a `[process.NAME.restart]` table.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RestartSpec {
+    /// `policy`.
+    pub policy: RestartPolicy,
+    /// `max_restarts` within `window` before the process is declared crash-looping (default 5).
+    pub max_restarts: u32,
+    /// `window` in milliseconds (default 60 s).
+    pub window_ms: u64,
+    /// `backoff` first delay in milliseconds (default 1 s).
+    pub backoff_initial_ms: u64,
+    /// `backoff_max` cap in milliseconds (default 60 s).
+    pub backoff_max_ms: u64,
+    /// `restart_dependents`: restart the processes that are `after` this one with it (default false).
+    pub restart_dependents: bool,
+    /// `ends_job`: this process's exit (after its restarts are spent) ends the job (default false).
+    pub ends_job: bool,
+}
+
+impl Default for RestartSpec {
+    fn default() -> Self {
+        RestartSpec {
+            policy: RestartPolicy::No,
+            max_restarts: 5,
+            window_ms: 60_000,
+            backoff_initial_ms: 1_000,
+            backoff_max_ms: 60_000,
+            restart_dependents: false,
+            ends_job: false,
+        }
+    }
+}
+
+/// The `[process.NAME.stop]` table.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct StopSpec {
+    /// `signal`: the first signal sent to the process group (default `SIGINT`).
+    pub signal: String,
+    /// `grace`: milliseconds between that signal and SIGKILL (default 10 s).
+    pub grace_ms: u64,
+}
+
+impl Default for StopSpec {
+    fn default() -> Self {
+        StopSpec { signal: "SIGINT".to_string(), grace_ms: 10_000 }
+    }
+}
+
+impl JobSpec {
+    /// The process called `name`, if any.
+    pub fn process(&self, name: &str) -> Option<&ProcessSpec> {
+        self.processes.iter().find(|process| process.name == name)
+    }
+}

@@ -1,0 +1,1 @@
+//! The shared-memory ledger of a gpuvisor job (being written).

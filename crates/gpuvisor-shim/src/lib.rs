@@ -1,0 +1,1 @@
+//! The gpuvisor CUDA-driver shim (being written).
