@@ -60,7 +60,7 @@ pub fn parse_size(text: &str) -> Result<u64, SizeError> {
         unit: unit.trim().to_string(),
     })?;
     let bytes = value * multiplier as f64;
-    if !(bytes >= 1.0) {
+    if bytes.is_nan() || bytes < 1.0 {
         return Err(SizeError::NotPositive(trimmed.to_string()));
     }
     if bytes >= u64::MAX as f64 {
