@@ -8,7 +8,12 @@ use clap::{Args, Parser, Subcommand};
 /// memory budgets, start each process with the right settings for its framework, enforce the
 /// budgets, and show who holds what.
 #[derive(Debug, Parser)]
-#[command(name = "gpuvisor", version, propagate_version = true, max_term_width = 100)]
+#[command(
+    name = "gpuvisor",
+    version,
+    propagate_version = true,
+    max_term_width = 100
+)]
 pub struct Cli {
     /// The command to run.
     #[command(subcommand)]

@@ -20,7 +20,9 @@ pub fn load_inventory(simulate_spec: Option<&str>) -> Result<Inventory, Failure>
                 NvmlError::LibloadingError(_) => "libnvidia-ml.so.1 cannot be loaded".to_string(),
                 other => other.to_string(),
             };
-            Failure::unavailable(format!("no NVIDIA driver ({reason}); pass --simulate 2x80GiB to use simulated GPUs"))
+            Failure::unavailable(format!(
+                "no NVIDIA driver ({reason}); pass --simulate 2x80GiB to use simulated GPUs"
+            ))
         }),
     }
 }
@@ -35,7 +37,10 @@ pub fn nvml_inventory() -> Result<Inventory, NvmlError> {
         let device = nvml.device_by_index(index)?;
         let memory = device.memory_info()?;
         // MIG queries fail with NotSupported on GPUs without MIG: that means "off".
-        let mig_enabled = device.mig_mode().map(|mode| mode.current == 1).unwrap_or(false);
+        let mig_enabled = device
+            .mig_mode()
+            .map(|mode| mode.current == 1)
+            .unwrap_or(false);
         let processes = device
             .running_compute_processes()
             .unwrap_or_default()
@@ -59,7 +64,11 @@ pub fn nvml_inventory() -> Result<Inventory, NvmlError> {
             processes,
         });
     }
-    Ok(Inventory { source: InventorySource::Nvml, driver_version, gpus })
+    Ok(Inventory {
+        source: InventorySource::Nvml,
+        driver_version,
+        gpus,
+    })
 }
 
 /// The command name of `pid` from /proc, if visible (it is not for host pids seen from inside

@@ -9,7 +9,9 @@ pub struct Table {
 impl Table {
     /// A table with this header.
     pub fn new(header: &[&str]) -> Self {
-        Table { rows: vec![header.iter().map(|cell| cell.to_string()).collect()] }
+        Table {
+            rows: vec![header.iter().map(|cell| cell.to_string()).collect()],
+        }
     }
 
     /// Adds a row.
@@ -23,7 +25,12 @@ impl Table {
         let columns = self.rows.iter().map(Vec::len).max().unwrap_or(0);
         let widths: Vec<usize> = (0..columns)
             .map(|column| {
-                self.rows.iter().filter_map(|row| row.get(column)).map(|cell| cell.chars().count()).max().unwrap_or(0)
+                self.rows
+                    .iter()
+                    .filter_map(|row| row.get(column))
+                    .map(|cell| cell.chars().count())
+                    .max()
+                    .unwrap_or(0)
             })
             .collect();
         let mut out = String::new();

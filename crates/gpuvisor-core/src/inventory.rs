@@ -152,10 +152,13 @@ pub fn simulate(spec: &str) -> Result<Inventory, SimulateError> {
         let (name, total_bytes) = match SIM_MODELS.iter().find(|(key, ..)| *key == lower) {
             Some((_, name, total)) => (name.to_string(), *total),
             None => {
-                let total = parse_size(model).map_err(|error| {
-                    fail(format!(
+                let total = parse_size(model).map_err(|error| match nearest_model(&lower) {
+                    Some(near) => fail(format!(
+                        "`{model}` is not a known model; did you mean `{near}`?"
+                    )),
+                    None => fail(format!(
                         "`{model}` is neither a known model nor a size ({error})"
-                    ))
+                    )),
                 })?;
                 if total < GIB {
                     return Err(fail(format!(
@@ -196,6 +199,16 @@ pub fn simulate(spec: &str) -> Result<Inventory, SimulateError> {
         driver_version: None,
         gpus,
     })
+}
+
+/// The known model closest to `name`, if it is close enough to be a typo.
+fn nearest_model(name: &str) -> Option<&'static str> {
+    SIM_MODELS
+        .iter()
+        .map(|(model, ..)| (strsim::levenshtein(name, model), *model))
+        .filter(|(distance, model)| *distance <= 2 && *distance < model.len())
+        .min()
+        .map(|(_, model)| model)
 }
 
 impl Inventory {

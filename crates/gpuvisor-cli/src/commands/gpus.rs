@@ -31,8 +31,14 @@ pub fn render(inventory: &Inventory) -> String {
         },
         InventorySource::Simulated(spec) => format!("simulated: {spec}"),
     };
-    let mut out = format!("{} GPU{} ({source})\n", inventory.gpus.len(), if inventory.gpus.len() == 1 { "" } else { "s" });
-    let mut table = Table::new(&["GPU", "NAME", "TOTAL", "USED", "FREE", "MIG", "PROCS", "UUID"]);
+    let mut out = format!(
+        "{} GPU{} ({source})\n",
+        inventory.gpus.len(),
+        if inventory.gpus.len() == 1 { "" } else { "s" }
+    );
+    let mut table = Table::new(&[
+        "GPU", "NAME", "TOTAL", "USED", "FREE", "MIG", "PROCS", "UUID",
+    ]);
     for gpu in &inventory.gpus {
         table.row(vec![
             gpu.index.to_string(),
@@ -46,7 +52,15 @@ pub fn render(inventory: &Inventory) -> String {
         ]);
     }
     out.push_str(&table.render(""));
-    let holders: Vec<_> = inventory.gpus.iter().flat_map(|gpu| gpu.processes.iter().map(move |process| (gpu.index, process))).collect();
+    let holders: Vec<_> = inventory
+        .gpus
+        .iter()
+        .flat_map(|gpu| {
+            gpu.processes
+                .iter()
+                .map(move |process| (gpu.index, process))
+        })
+        .collect();
     if !holders.is_empty() {
         out.push_str("\nprocesses holding GPU memory:\n");
         let mut table = Table::new(&["GPU", "PID", "MEMORY", "COMMAND"]);
@@ -54,7 +68,9 @@ pub fn render(inventory: &Inventory) -> String {
             table.row(vec![
                 index.to_string(),
                 process.pid.to_string(),
-                process.used_bytes.map_or("?".to_string(), |bytes| ByteSize(bytes).to_string()),
+                process
+                    .used_bytes
+                    .map_or("?".to_string(), |bytes| ByteSize(bytes).to_string()),
                 process.name.clone().unwrap_or_else(|| "?".to_string()),
             ]);
         }

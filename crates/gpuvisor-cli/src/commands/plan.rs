@@ -23,9 +23,15 @@ pub fn run(args: PlanArgs) -> Result<ExitCode, Failure> {
     })?;
     if let Some(selector) = &args.env {
         let replica = find_replica(&plan, selector)?;
-        print!("# gpuvisor plan {}: environment of {}\n{}", args.job.display(), replica.label(), shell_exports(&replica_env(plan.enforcement, replica)));
+        print!(
+            "# gpuvisor plan {}: environment of {}\n{}",
+            args.job.display(),
+            replica.label(),
+            shell_exports(&replica_env(plan.enforcement, replica))
+        );
     } else if args.json {
-        let json = serde_json::to_string_pretty(&JsonPlan::new(&plan)).map_err(Failure::unavailable)?;
+        let json =
+            serde_json::to_string_pretty(&JsonPlan::new(&plan)).map_err(Failure::unavailable)?;
         println!("{json}");
     } else {
         print!("{}", render(&plan));
@@ -34,8 +40,14 @@ pub fn run(args: PlanArgs) -> Result<ExitCode, Failure> {
 }
 
 /// The replica named by `learner` or `actor[2]`.
-fn find_replica<'plan>(plan: &'plan Plan, selector: &str) -> Result<&'plan PlannedReplica, Failure> {
-    let (name, index) = match selector.strip_suffix(']').and_then(|rest| rest.split_once('[')) {
+fn find_replica<'plan>(
+    plan: &'plan Plan,
+    selector: &str,
+) -> Result<&'plan PlannedReplica, Failure> {
+    let (name, index) = match selector
+        .strip_suffix(']')
+        .and_then(|rest| rest.split_once('['))
+    {
         Some((name, index)) => {
             let index: u32 = index.parse().map_err(|_| {
                 Failure::bad_input(format!("`{selector}`: the replica number `{index}` is not a number\n  hint: write PROCESS or PROCESS[N], e.g. actor[0]"))
@@ -44,10 +56,23 @@ fn find_replica<'plan>(plan: &'plan Plan, selector: &str) -> Result<&'plan Plann
         }
         None => (selector, None),
     };
-    let replicas: Vec<&PlannedReplica> = plan.replicas.iter().filter(|replica| replica.process == name).collect();
+    let replicas: Vec<&PlannedReplica> = plan
+        .replicas
+        .iter()
+        .filter(|replica| replica.process == name)
+        .collect();
     if replicas.is_empty() {
-        let names: Vec<&str> = plan.replicas.iter().filter(|replica| replica.replica == 0).map(|replica| replica.process.as_str()).collect();
-        return Err(Failure::bad_input(format!("no process `{name}` in job {}\n  hint: processes are: {}", plan.job, names.join(", "))));
+        let names: Vec<&str> = plan
+            .replicas
+            .iter()
+            .filter(|replica| replica.replica == 0)
+            .map(|replica| replica.process.as_str())
+            .collect();
+        return Err(Failure::bad_input(format!(
+            "no process `{name}` in job {}\n  hint: processes are: {}",
+            plan.job,
+            names.join(", ")
+        )));
     }
     let count = replicas.len();
     match index {
@@ -65,7 +90,11 @@ pub fn render(plan: &Plan) -> String {
         Enforcement::Shim => "budgets enforced by the gpuvisor shim",
         Enforcement::Framework => "framework settings only: nothing enforces the budgets",
     };
-    let on_gpu = plan.replicas.iter().filter(|replica| replica.device == DeviceKind::Gpu).count();
+    let on_gpu = plan
+        .replicas
+        .iter()
+        .filter(|replica| replica.device == DeviceKind::Gpu)
+        .count();
     let mut out = format!(
         "job {}: {} replica{} on {} GPU{}, {} CPU-only ({enforcement})\n",
         plan.job,
@@ -76,7 +105,10 @@ pub fn render(plan: &Plan) -> String {
         plan.replicas.len() - on_gpu,
     );
     for gpu in &plan.gpus {
-        out.push_str(&format!("\nGPU {}  {}  {}\n", gpu.index, gpu.name, gpu.uuid));
+        out.push_str(&format!(
+            "\nGPU {}  {}  {}\n",
+            gpu.index, gpu.name, gpu.uuid
+        ));
         out.push_str(&format!(
             "  usable {} = {} total - {} reserve - {} held by others\n",
             ByteSize(gpu.usable_bytes),
@@ -84,17 +116,40 @@ pub fn render(plan: &Plan) -> String {
             ByteSize(gpu.reserve_bytes),
             ByteSize(gpu.foreign_bytes),
         ));
-        let here: Vec<&PlannedReplica> = plan.replicas.iter().filter(|replica| replica.gpus.iter().any(|device| device.index == gpu.index)).collect();
+        let here: Vec<&PlannedReplica> = plan
+            .replicas
+            .iter()
+            .filter(|replica| replica.gpus.iter().any(|device| device.index == gpu.index))
+            .collect();
         if here.is_empty() {
             out.push_str("  (nothing placed here)\n");
             continue;
         }
-        let mut table = Table::new(&["PROCESS", "FRAMEWORK", "BUDGET", "+CONTEXT", "SHARE", "ENVIRONMENT"]);
+        let mut table = Table::new(&[
+            "PROCESS",
+            "FRAMEWORK",
+            "BUDGET",
+            "+CONTEXT",
+            "SHARE",
+            "ENVIRONMENT",
+        ]);
         for replica in here {
-            let share = if gpu.usable_bytes == 0 { 0.0 } else { 100.0 * replica.footprint_bytes as f64 / gpu.usable_bytes as f64 };
+            let share = if gpu.usable_bytes == 0 {
+                0.0
+            } else {
+                100.0 * replica.footprint_bytes as f64 / gpu.usable_bytes as f64
+            };
             let mut label = replica.label();
             if replica.gpus.len() > 1 {
-                label.push_str(&format!(" (GPUs {})", replica.gpus.iter().map(|device| device.index.to_string()).collect::<Vec<_>>().join(",")));
+                label.push_str(&format!(
+                    " (GPUs {})",
+                    replica
+                        .gpus
+                        .iter()
+                        .map(|device| device.index.to_string())
+                        .collect::<Vec<_>>()
+                        .join(",")
+                ));
             }
             table.row(vec![
                 label,
@@ -113,12 +168,20 @@ pub fn render(plan: &Plan) -> String {
             ByteSize(gpu.usable_bytes.saturating_sub(gpu.committed_bytes)),
         ));
     }
-    let cpu_only: Vec<&PlannedReplica> = plan.replicas.iter().filter(|replica| replica.device == DeviceKind::Cpu).collect();
+    let cpu_only: Vec<&PlannedReplica> = plan
+        .replicas
+        .iter()
+        .filter(|replica| replica.device == DeviceKind::Cpu)
+        .collect();
     if !cpu_only.is_empty() {
         out.push_str("\nCPU-only (kept off every GPU)\n");
         let mut table = Table::new(&["PROCESS", "FRAMEWORK", "ENVIRONMENT"]);
         for replica in cpu_only {
-            table.row(vec![replica.label(), replica.framework.as_str().to_string(), key_env(plan.enforcement, replica)]);
+            table.row(vec![
+                replica.label(),
+                replica.framework.as_str().to_string(),
+                key_env(plan.enforcement, replica),
+            ]);
         }
         out.push_str(&table.render("  "));
     }
@@ -126,7 +189,10 @@ pub fn render(plan: &Plan) -> String {
         .replicas
         .iter()
         .filter(|replica| replica.replica == 0)
-        .filter_map(|replica| enforcement_caveat(plan.enforcement, replica).map(|caveat| format!("{}: {caveat}", replica.process)))
+        .filter_map(|replica| {
+            enforcement_caveat(plan.enforcement, replica)
+                .map(|caveat| format!("{}: {caveat}", replica.process))
+        })
         .collect();
     if !plan.warnings.is_empty() || !caveats.is_empty() {
         out.push_str("\nwarnings:\n");
@@ -142,10 +208,28 @@ pub fn render(plan: &Plan) -> String {
 fn key_env(enforcement: Enforcement, replica: &PlannedReplica) -> String {
     replica_env(enforcement, replica)
         .into_iter()
-        .filter(|var| !var.name.starts_with("GPUVISOR_") && !matches!(var.name.as_str(), "CUDA_DEVICE_ORDER" | "CUDA_MODULE_LOADING"))
+        .filter(|var| {
+            !var.name.starts_with("GPUVISOR_")
+                && !matches!(
+                    var.name.as_str(),
+                    "CUDA_DEVICE_ORDER" | "CUDA_MODULE_LOADING"
+                )
+        })
         .filter(|var| !(replica.device == DeviceKind::Gpu && var.name == "CUDA_VISIBLE_DEVICES"))
         .filter(|var| var.why != "from the job file")
-        .filter_map(|var| var.value.map(|value| format!("{}={}", var.name, if value.is_empty() { "''".to_string() } else { value })))
+        .filter_map(|var| {
+            var.value.map(|value| {
+                format!(
+                    "{}={}",
+                    var.name,
+                    if value.is_empty() {
+                        "''".to_string()
+                    } else {
+                        value
+                    }
+                )
+            })
+        })
         .collect::<Vec<_>>()
         .join(" ")
 }
@@ -177,7 +261,10 @@ impl<'plan> JsonPlan<'plan> {
         let env = plan
             .replicas
             .iter()
-            .map(|replica| JsonReplicaEnv { replica: replica.label(), vars: replica_env(plan.enforcement, replica) })
+            .map(|replica| JsonReplicaEnv {
+                replica: replica.label(),
+                vars: replica_env(plan.enforcement, replica),
+            })
             .collect();
         JsonPlan { plan, env }
     }
