@@ -1,11 +1,18 @@
-//! The gpuvisor supervisor: runs every replica of a planned job and keeps a record.
+//! The gpuvisor supervisor: runs every replica of a planned job, restarts and stops them by
+//! policy, and keeps a record that survives the supervisor.
 //!
-//! - [`rundir`]: the run directory (plan, event log, logs, control socket);
-//! - [`events`]: the append-only event log;
-//! - [`state`]: the restart / readiness / shutdown state machine, as plain data;
-//! - [`clock`]: timestamps.
-
+//! - [`rundir`] is the run directory (plan, event log, logs, control socket), [`events`] the
+//!   append-only event log and [`clock`] its timestamps;
+//! - [`state`] is the restart / readiness / shutdown state machine, as plain data;
+//! - [`spawn`] starts replicas (own process group, parent-death signal, behind a [`keeper`])
+//!   and reaps every child in one place; [`procfs`] reads process trees;
+//! - [`logs`] pumps every pipe into timestamped files and the [`terminal`].
 pub mod clock;
 pub mod events;
+pub mod keeper;
+pub mod logs;
+pub mod procfs;
 pub mod rundir;
+pub mod spawn;
 pub mod state;
+pub mod terminal;

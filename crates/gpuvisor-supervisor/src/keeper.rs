@@ -1,0 +1,154 @@
+//! The keeper: a tiny process between the supervisor and each replica
+//! (`gpuvisor __keeper --parent PID -- COMMAND...`), so that no process of the job outlives
+//! the supervisor, even when it is killed with SIGKILL.
+//!
+//! The supervisor starts the keeper as the leader of a new process group, with
+//! `PR_SET_PDEATHSIG = SIGTERM`. The keeper makes itself a child subreaper (orphans anywhere in
+//! the replica's tree are reparented to it, whatever their process group), starts the command in
+//! the keeper's group (so a signal to the group reaches the command), and waits for signals:
+//! - SIGCHLD: reap. When the command exits, kill what is left of its tree, then exit the same
+//!   way the command did (same code, or the same signal), so the supervisor sees the real status.
+//! - SIGTERM / SIGINT / ...: if the parent is gone (the parent-death signal), kill the whole tree
+//!   and exit; otherwise the signal was for the group (a stop) and the command got it too.
+
+use std::ffi::OsString;
+use std::process::Command;
+
+use nix::errno::Errno;
+use nix::sys::prctl;
+use nix::sys::resource::{setrlimit, Resource};
+use nix::sys::signal::{kill, raise, SigSet, Signal};
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+use nix::unistd::{getpgrp, getpid, getppid, Pid};
+
+use crate::procfs;
+
+/// The signals the keeper waits for instead of being killed by them.
+const WATCHED: [Signal; 7] = [
+    Signal::SIGCHLD,
+    Signal::SIGTERM,
+    Signal::SIGINT,
+    Signal::SIGHUP,
+    Signal::SIGQUIT,
+    Signal::SIGUSR1,
+    Signal::SIGUSR2,
+];
+
+/// Parses `--parent PID -- COMMAND...` (what follows `__keeper`).
+pub fn parse_args(args: &[OsString]) -> Option<(i32, Vec<OsString>)> {
+    let mut iter = args.iter();
+    if iter.next()?.to_str()? != "--parent" {
+        return None;
+    }
+    let parent: i32 = iter.next()?.to_str()?.parse().ok()?;
+    if iter.next()?.to_str()? != "--" {
+        return None;
+    }
+    let command: Vec<OsString> = iter.cloned().collect();
+    (!command.is_empty()).then_some((parent, command))
+}
+
+/// Runs the keeper; never returns. `parent` is the supervisor's pid.
+pub fn run(parent: i32, command: &[OsString]) -> ! {
+    let mut watched = SigSet::empty();
+    for signal in WATCHED {
+        watched.add(signal);
+    }
+    // Blocked here and waited for below; std clears the mask in the child it spawns.
+    let _ = watched.thread_block();
+    let _ = prctl::set_child_subreaper(true);
+    if getppid().as_raw() != parent {
+        // The supervisor died before we were ready: nothing to keep.
+        std::process::exit(137);
+    }
+    let mut child = Command::new(&command[0]);
+    child.args(&command[1..]);
+    let child = match child.spawn() {
+        Ok(child) => child,
+        Err(error) => {
+            eprintln!(
+                "gpuvisor: cannot start `{}`: {error}",
+                command[0].to_string_lossy()
+            );
+            std::process::exit(if error.kind() == std::io::ErrorKind::NotFound {
+                127
+            } else {
+                126
+            });
+        }
+    };
+    let main = Pid::from_raw(child.id() as i32);
+    drop(child); // reaped below with waitpid, never by std
+    loop {
+        let Ok(signal) = watched.wait() else { continue };
+        if signal == Signal::SIGCHLD {
+            if let Some(status) = reap(main) {
+                kill_tree();
+                exit_like(status);
+            }
+        } else if getppid().as_raw() != parent {
+            kill_tree();
+            std::process::exit(128 + Signal::SIGKILL as i32);
+        }
+    }
+}
+
+/// Reaps every exited child; the main command's status when it is among them.
+fn reap(main: Pid) -> Option<WaitStatus> {
+    let mut main_status = None;
+    loop {
+        match waitpid(None, Some(WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::StillAlive) | Err(_) => return main_status,
+            Ok(status) => {
+                if status.pid() == Some(main) {
+                    main_status = Some(status);
+                }
+            }
+        }
+    }
+}
+
+/// SIGKILLs everything left in this keeper's group and every process reparented to it, until
+/// nothing is left, reaping as it goes.
+fn kill_tree() {
+    let me = getpid().as_raw();
+    let group = getpgrp().as_raw();
+    for _round in 0..50 {
+        let left: Vec<i32> = procfs::job_tree(&[group])
+            .into_iter()
+            .chain(procfs::children(me))
+            .filter(|&pid| pid != me)
+            .collect();
+        if left.is_empty() {
+            return;
+        }
+        for pid in &left {
+            let _ = kill(Pid::from_raw(*pid), Signal::SIGKILL);
+        }
+        loop {
+            match waitpid(None, Some(WaitPidFlag::WNOHANG)) {
+                Ok(WaitStatus::StillAlive) | Err(Errno::ECHILD) => break,
+                Ok(_) => continue,
+                Err(_) => break,
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+}
+
+/// Exits with the command's status: its code, or death by its signal (without a core file).
+fn exit_like(status: WaitStatus) -> ! {
+    match status {
+        WaitStatus::Exited(_, code) => std::process::exit(code),
+        WaitStatus::Signaled(_, signal, _) => {
+            let _ = setrlimit(Resource::RLIMIT_CORE, 0, 0);
+            // Default disposition and unblocked, so raising it ends this process the same way.
+            let mut only = SigSet::empty();
+            only.add(signal);
+            let _ = only.thread_unblock();
+            let _ = raise(signal);
+            std::process::exit(128 + signal as i32)
+        }
+        _ => std::process::exit(1),
+    }
+}
