@@ -6,8 +6,13 @@
 //! - [`state`] is the restart / readiness / shutdown state machine, as plain data;
 //! - [`spawn`] starts replicas (own process group, parent-death signal, behind a [`keeper`])
 //!   and reaps every child in one place; [`procfs`] reads process trees;
-//! - [`logs`] pumps every pipe into timestamped files and the [`terminal`].
+//! - [`logs`] pumps every pipe into timestamped files and the [`terminal`];
+//! - [`cause`] classifies exits, [`cleanup`] removes the job's /dev/shm leftovers, [`control`]
+//!   is the control socket.
+pub mod cause;
+pub mod cleanup;
 pub mod clock;
+pub mod control;
 pub mod events;
 pub mod keeper;
 pub mod logs;
