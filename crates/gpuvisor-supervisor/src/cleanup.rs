@@ -92,7 +92,7 @@ mod tests {
     fn only_the_jobs_own_objects_are_removed() {
         let dir = tempfile::tempdir().unwrap();
         let uid = nix::unistd::getuid().as_raw();
-        let dead_pid = 999_999_99; // above pid_max: never alive
+        let dead_pid = 99_999_999; // above pid_max: never alive
         let files = [
             "sem.mp-ours".to_string(),
             "sem.mp-foreign".to_string(),
