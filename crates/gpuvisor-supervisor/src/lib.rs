@@ -8,7 +8,8 @@
 //!   and reaps every child in one place; [`procfs`] reads process trees;
 //! - [`logs`] pumps every pipe into timestamped files and the [`terminal`];
 //! - [`cause`] classifies exits, [`cleanup`] removes the job's /dev/shm leftovers, [`control`]
-//!   is the control socket.
+//!   is the control socket;
+//! - [`supervisor`] is the event loop tying them together: [`supervisor::supervise`].
 pub mod cause;
 pub mod cleanup;
 pub mod clock;
@@ -20,4 +21,5 @@ pub mod procfs;
 pub mod rundir;
 pub mod spawn;
 pub mod state;
+pub mod supervisor;
 pub mod terminal;

@@ -343,7 +343,9 @@ impl Pump {
             }
             lines += 1;
             if let Some(pattern) = &log.ready {
-                if pattern.is_match(line) {
+                // Without its line ending, so `ready$` means what it says.
+                let text = line.strip_suffix(b"\n").unwrap_or(line);
+                if pattern.is_match(text.strip_suffix(b"\r").unwrap_or(text)) {
                     log.ready = None;
                     (self.events)(LogEvent::Ready {
                         replica,

@@ -16,6 +16,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -225,9 +226,9 @@ pub struct Reaper {
 }
 
 impl Reaper {
-    /// Runs forever, sending `(pid, status)` for every child that ends. Stops when `sender`'s
-    /// receiver is gone.
-    pub fn run(self, sender: Sender<(i32, ExitStatus)>) {
+    /// Sends `(pid, status)` for every child that ends, until `stop` is set while no child
+    /// is left, or `sender`'s receiver is gone.
+    pub fn run(self, sender: Sender<(i32, ExitStatus)>, stop: &AtomicBool) {
         loop {
             // Peek without reaping: the pid stays a zombie until we hold the spawn lock.
             let peeked = waitid(Id::All, WaitPidFlag::WEXITED | WaitPidFlag::WNOWAIT);
@@ -237,6 +238,9 @@ impl Reaper {
                     None => continue,
                 },
                 Err(Errno::ECHILD) => {
+                    if stop.load(Ordering::SeqCst) {
+                        return;
+                    }
                     std::thread::sleep(Duration::from_millis(5));
                     continue;
                 }

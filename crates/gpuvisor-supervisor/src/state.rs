@@ -595,7 +595,20 @@ impl Machine {
             }
         } else {
             for index in 0..self.slots.len() {
-                if self.slots[index].phase == Phase::Waiting && self.dependencies_ready(index) {
+                if self.slots[index].phase != Phase::Waiting {
+                    continue;
+                }
+                if let Some(blocker) = self.dead_dependency(index) {
+                    let slot = &mut self.slots[index];
+                    slot.phase = Phase::Failed;
+                    self.failed = true;
+                    actions.push(replica_event(
+                        index,
+                        Event::new("blocked")
+                            .with("process", slot.member.label.clone())
+                            .with("reason", format!("{blocker} ended without becoming ready")),
+                    ));
+                } else if self.dependencies_ready(index) {
                     self.slots[index].phase = Phase::Starting;
                     self.slots[index].was_ready = false;
                     actions.push(Action::Spawn(index));
@@ -608,6 +621,17 @@ impl Machine {
             actions.push(job_event(Event::new("job-end").with("status", code)));
             actions.push(Action::Finish(code));
         }
+    }
+
+    /// A replica this one waits for that will never become ready.
+    fn dead_dependency(&self, index: usize) -> Option<String> {
+        let after = &self.slots[index].member.after;
+        self.slots
+            .iter()
+            .find(|slot| {
+                after.contains(&slot.member.process) && slot.phase.is_final() && !slot.was_ready
+            })
+            .map(|slot| slot.member.label.clone())
     }
 
     fn dependencies_ready(&self, index: usize) -> bool {

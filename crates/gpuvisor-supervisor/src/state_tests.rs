@@ -336,3 +336,18 @@ fn an_ends_job_process_ends_the_job_when_it_exits() {
     let actions = machine.step(2, exit(1, false));
     assert!(actions.contains(&Action::Finish(0)), "{actions:?}");
 }
+
+#[test]
+fn dependants_of_a_process_that_ended_unready_are_blocked_and_the_job_fails() {
+    let mut server = member("server", &[]);
+    server.ready_when_started = false;
+    let mut machine = Machine::new(vec![server, member("client", &["server"])], 5);
+    machine.step(0, Input::Tick);
+    machine.step(0, Input::Spawned(0));
+    let actions = machine.step(1, exit(0, true));
+    assert!(
+        kinds(&actions).contains(&"blocked".to_string()),
+        "{actions:?}"
+    );
+    assert!(actions.contains(&Action::Finish(1)), "{actions:?}");
+}
