@@ -144,7 +144,11 @@ impl<'t, 'i> Field<'t, 'i> {
                 let parsed = i64::from_str_radix(number.as_str(), number.radix()).ok();
                 match parsed {
                     Some(value) if (min..=max).contains(&value) => Ok(value),
-                    _ => Err(self.wrong(&expected)),
+                    // The type is right; the number alone says what broke.
+                    _ => Err(self.error(format_args!(
+                        "must be {expected}, found {}",
+                        self.value_text()
+                    ))),
                 }
             }
             DeValue::String(text) if text.trim().parse::<i64>().is_ok() => Err(self

@@ -116,7 +116,7 @@ pub(super) fn memory(field: &Field<'_, '_>) -> Result<MemoryAsk, Diagnostic> {
                 .wrong(MEMORY_EXPECTED)
                 .with_hint("a percentage is a number followed by %, e.g. \"30%\" or \"12.5%\"")
         })?;
-        if !(percent > 0.0) {
+        if percent.is_nan() || percent <= 0.0 {
             return Err(field
                 .error(format_args!("must be more than 0%, found \"{trimmed}\""))
                 .with_hint(
