@@ -30,7 +30,15 @@ pub const DEFAULT_CONTEXT_OVERHEAD_BYTES: u64 = 500 * MIB;
 /// the job when `[job] name` is absent.
 pub fn parse_job(path: &Path, source: &str) -> Result<JobSpec, Diagnostic> {
     let file = Source { path, text: source };
-    let root = DeTable::parse(source).map_err(|error| toml_error(file, &error))?;
+    // Recoverable parsing reports every syntax error; the earliest in the file is the one to
+    // fix first (the parser does not always report them in file order).
+    let (root, errors) = DeTable::parse_recoverable(source);
+    if let Some(error) = errors
+        .iter()
+        .min_by_key(|error| error.span().map_or(usize::MAX, |span| span.start))
+    {
+        return Err(toml_error(file, error));
+    }
     let root = root.get_ref();
     check_top_level_keys(file, root)?;
     let top = Table::new(file, "the top level", 0..0, root, TOP_KEYS)?;
@@ -104,7 +112,7 @@ fn check_top_level_keys(file: Source<'_>, root: &DeTable<'_>) -> Result<(), Diag
             return Err(file
                 .error(
                     key.span(),
-                    format!("unknown key `{key_text}` in the top level"),
+                    format!("unknown key `{key_text}` at the top level"),
                 )
                 .with_hint(format!(
                     "`{key_text}` belongs in {section}: write that table header above it"
@@ -313,10 +321,19 @@ fn toml_error(file: Source<'_>, error: &toml::de::Error) -> Diagnostic {
         Some((what, expected)) => (what, Some(expected)),
         None => (message, None),
     };
+    let written = file
+        .text
+        .get(range.clone())
+        .unwrap_or("")
+        .trim()
+        .to_string();
     let diagnostic = file.error(range, format!("invalid TOML: {what}"));
+    if what == "string values must be quoted" && !written.is_empty() {
+        return diagnostic.with_hint(format!("put the value in quotes: \"{written}\""));
+    }
     match expected {
-        Some(expected) => diagnostic.with_hint(format!("expected {expected}")),
-        None => diagnostic,
+        Some(expected) => diagnostic.with_hint(format!("expected {expected} here")),
+        None => diagnostic.with_hint("see docs/job-file.md for the job-file syntax (TOML)"),
     }
 }
 

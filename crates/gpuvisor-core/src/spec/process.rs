@@ -59,11 +59,22 @@ pub(super) fn process(
     check_name(source, name, key.span())?;
     let table_name = format!("[process.{name}]");
     let DeValue::Table(raw) = value.get_ref() else {
-        return Err(source
-            .error(key.span(), format!("`process.{name}` must be a table, found {}", source.describe(value)))
-            .with_hint(format!(
+        let error = source.error(
+            key.span(),
+            format!(
+                "`process.{name}` must be a table, found {}",
+                source.describe(value)
+            ),
+        );
+        return Err(if PROCESS_KEYS.contains(&name) {
+            error.with_hint(format!(
+                "`{name}` belongs in a named process table: write [process.NAME] (e.g. [process.train]) instead of [process]"
+            ))
+        } else {
+            error.with_hint(format!(
                 "each process is a table: [process.{name}] on its own line, then its keys (command = [...], ...)"
-            )));
+            ))
+        });
     };
     let table = Table::new(source, &table_name, value.span(), raw, PROCESS_KEYS)?;
 
@@ -72,7 +83,11 @@ pub(super) fn process(
         Some(field) => match field.string("\"gpu\" or \"cpu\"")? {
             "gpu" => DeviceKind::Gpu,
             "cpu" => DeviceKind::Cpu,
-            _ => return Err(field.wrong("\"gpu\" or \"cpu\"")),
+            _ => {
+                return Err(field
+                    .wrong("\"gpu\" or \"cpu\"")
+                    .with_hint("\"gpu\" (the default) runs on GPUs; \"cpu\" keeps the process and its children off every GPU"))
+            }
         },
     };
     let cpu_only = device == DeviceKind::Cpu;
@@ -111,7 +126,12 @@ pub(super) fn process(
     };
     let replicas = match table.get("replicas") {
         None => 1,
-        Some(field) => field.integer_in(1, 4096)? as u32,
+        Some(field) => field.integer_in(1, 4096).map_err(|error| {
+            or_hint(
+                error,
+                "`replicas` is how many copies of this process run, e.g. replicas = 4",
+            )
+        })? as u32,
     };
 
     let gpus_per_replica = match table.get("gpus") {
@@ -119,7 +139,11 @@ pub(super) fn process(
         Some(field) if cpu_only => {
             return Err(not_on_cpu(&field, "a CPU-only process uses no GPU"))
         }
-        Some(field) => field.integer_in(1, 64)? as u32,
+        Some(field) => field
+            .integer_in(1, 64)
+            .map_err(|error| {
+                or_hint(error, "`gpus` is how many GPUs each replica gets; for a process without a GPU write device = \"cpu\"")
+            })? as u32,
     };
     let memory = match table.get("memory") {
         None if cpu_only => None,
@@ -214,6 +238,15 @@ fn check_name(source: Source<'_>, name: &str, range: Range<usize>) -> Result<(),
             .with_hint(format!("the name becomes a file name and a label; {hint}")));
     }
     Ok(())
+}
+
+/// `error` with `hint` unless it already has a more specific one.
+pub(super) fn or_hint(error: Diagnostic, hint: &str) -> Diagnostic {
+    if error.hint.is_some() {
+        error
+    } else {
+        error.with_hint(hint)
+    }
 }
 
 /// "`key` in [process.x] is not allowed with device = \"cpu\"", at the key.

@@ -198,7 +198,8 @@ impl<'t, 'i> Table<'t, 'i> {
         let entries = entries_in_file_order(table);
         for (key, _) in &entries {
             if !accepted.contains(&key.get_ref().as_ref()) {
-                let message = format!("unknown key `{}` in {name}", key.get_ref());
+                let preposition = if name.starts_with('[') { "in" } else { "at" };
+                let message = format!("unknown key `{}` {preposition} {name}", key.get_ref());
                 let hint = match suggest(key.get_ref(), accepted.iter().copied()) {
                     Some(near) => format!("did you mean `{near}`?"),
                     None => format!("accepted keys here: {}", accepted.join(", ")),
@@ -255,23 +256,37 @@ pub(super) fn entries_in_file_order<'t, 'i>(
 ///
 /// Near enough: at most one edit per three characters (at least one edit), comparing without
 /// case. Damerau-Levenshtein, so a swapped pair of letters (`memroy`) counts as one edit.
+/// Failing that, a candidate of 4+ characters that `written` starts with (`grace_period` ->
+/// `grace`), or that starts with `written` (`children` -> `children_cpu_only`).
 pub(super) fn suggest<'c>(
     written: &str,
     candidates: impl IntoIterator<Item = &'c str>,
 ) -> Option<&'c str> {
     let written = written.to_lowercase();
     let allowed = (written.chars().count() / 3).max(1);
-    candidates
-        .into_iter()
+    let candidates: Vec<&str> = candidates.into_iter().collect();
+    let by_distance = candidates
+        .iter()
         .map(|candidate| {
             (
                 strsim::damerau_levenshtein(&written, &candidate.to_lowercase()),
-                candidate,
+                *candidate,
             )
         })
         .filter(|(distance, _)| *distance <= allowed)
         .min_by_key(|(distance, _)| *distance)
-        .map(|(_, candidate)| candidate)
+        .map(|(_, candidate)| candidate);
+    by_distance.or_else(|| {
+        candidates.into_iter().find(|candidate| {
+            let candidate = candidate.to_lowercase();
+            let (short, long) = if candidate.len() < written.len() {
+                (&candidate, &written)
+            } else {
+                (&written, &candidate)
+            };
+            short.len() >= 4 && long.starts_with(short.as_str())
+        })
+    })
 }
 
 #[cfg(test)]
@@ -287,5 +302,11 @@ mod tests {
         assert_eq!(suggest("aftr", keys), Some("after"));
         assert_eq!(suggest("colour", keys), None);
         assert_eq!(suggest("x", keys), None);
+        assert_eq!(suggest("grace_period", ["signal", "grace"]), Some("grace"));
+        assert_eq!(
+            suggest("mem", keys),
+            None,
+            "too short to guess from a prefix"
+        );
     }
 }

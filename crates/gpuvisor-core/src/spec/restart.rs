@@ -139,7 +139,9 @@ pub(super) fn restart(
         }
     };
     if let Some(field) = table.get("max_restarts") {
-        spec.max_restarts = field.integer_in(0, u32::MAX as i64)? as u32;
+        spec.max_restarts = field.integer_in(0, 1_000_000).map_err(|error| {
+            super::process::or_hint(error, "`max_restarts` counts restarts within `window`; for no restarts write policy = \"no\"")
+        })? as u32;
     }
     if let Some(field) = table.get("window") {
         spec.window_ms = duration(&field, 1)?;

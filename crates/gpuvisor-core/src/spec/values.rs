@@ -82,6 +82,12 @@ pub(super) fn size_allowing_zero(field: &Field<'_, '_>) -> Result<u64, Diagnosti
     match parse_size(text) {
         Ok(bytes) => Ok(bytes),
         Err(SizeError::NotPositive(_)) if is_zero_size(text) => Ok(0),
+        Err(SizeError::NotPositive(_)) => Err(field
+            .error(format_args!(
+                "must not be negative, found \"{}\"",
+                text.trim()
+            ))
+            .with_hint("give a size such as \"2GiB\", or \"0\" for none")),
         Err(error) => Err(size_error(field, text, error, expected)),
     }
 }
