@@ -122,6 +122,23 @@ fn check_top_level_keys(file: Source<'_>, root: &DeTable<'_>) -> Result<(), Diag
     Ok(())
 }
 
+/// The hint for a section written as a plain value (`gpus = 2`).
+fn section_hint(section: &str) -> String {
+    let keys = if section == "job" {
+        JOB_KEYS
+    } else {
+        GPUS_KEYS
+    };
+    let mut hint = format!(
+        "[{section}] is a table: write the header [{section}] with its keys ({}) below it",
+        keys.join(", ")
+    );
+    if section == "gpus" {
+        hint.push_str("; the number of GPUs per replica is `gpus` inside [process.NAME]");
+    }
+    hint
+}
+
 /// Reads `[job]`: the job's name (default: the file stem) and enforcement.
 fn job_section(
     file: Source<'_>,
@@ -133,13 +150,10 @@ fn job_section(
     let Some(field) = field else {
         return Ok((name, enforcement));
     };
-    let table = Table::new(
-        file,
-        "[job]",
-        field.value_range(),
-        field.table("a table")?,
-        JOB_KEYS,
-    )?;
+    let raw = field
+        .table("a table")
+        .map_err(|error| error.with_hint(section_hint("job")))?;
+    let table = Table::new(file, "[job]", field.value_range(), raw, JOB_KEYS)?;
     if let Some(field) = table.get("name") {
         let text = field.string("a string")?;
         let valid = !text.is_empty()
@@ -206,13 +220,10 @@ fn gpus_section(file: Source<'_>, field: Option<Field<'_, '_>>) -> Result<GpuSec
         placement: Placement::Pack,
     };
     let Some(field) = field else { return Ok(gpus) };
-    let table = Table::new(
-        file,
-        "[gpus]",
-        field.value_range(),
-        field.table("a table")?,
-        GPUS_KEYS,
-    )?;
+    let raw = field
+        .table("a table")
+        .map_err(|error| error.with_hint(section_hint("gpus")))?;
+    let table = Table::new(file, "[gpus]", field.value_range(), raw, GPUS_KEYS)?;
     if let Some(field) = table.get("devices") {
         gpus.devices = Some(devices(file, &field)?);
         gpus.devices_span = Some(field.value_span());

@@ -93,7 +93,7 @@ impl<'t, 'i> Field<'t, 'i> {
     pub fn error(&self, problem: impl std::fmt::Display) -> Diagnostic {
         self.source.error(
             self.value.span(),
-            format!("`{}` in {} {problem}", self.key, self.table),
+            format!("`{}` {} {problem}", self.key, location(self.table)),
         )
     }
 
@@ -101,7 +101,7 @@ impl<'t, 'i> Field<'t, 'i> {
     pub fn key_error(&self, problem: impl std::fmt::Display) -> Diagnostic {
         self.source.error(
             self.key_span.clone(),
-            format!("`{}` in {} {problem}", self.key, self.table),
+            format!("`{}` {} {problem}", self.key, location(self.table)),
         )
     }
 
@@ -198,8 +198,7 @@ impl<'t, 'i> Table<'t, 'i> {
         let entries = entries_in_file_order(table);
         for (key, _) in &entries {
             if !accepted.contains(&key.get_ref().as_ref()) {
-                let preposition = if name.starts_with('[') { "in" } else { "at" };
-                let message = format!("unknown key `{}` {preposition} {name}", key.get_ref());
+                let message = format!("unknown key `{}` {}", key.get_ref(), location(name));
                 let hint = match suggest(key.get_ref(), accepted.iter().copied()) {
                     Some(near) => format!("did you mean `{near}`?"),
                     None => format!("accepted keys here: {}", accepted.join(", ")),
@@ -240,6 +239,15 @@ impl<'t, 'i> Table<'t, 'i> {
     /// A diagnostic at the table's start.
     pub fn error(&self, message: impl Into<String>) -> Diagnostic {
         self.source.error(self.range.clone(), message)
+    }
+}
+
+/// "in [process.x]" for a named table, "at the top level" for the root.
+pub(super) fn location(table: &str) -> String {
+    if table.starts_with('[') {
+        format!("in {table}")
+    } else {
+        format!("at {table}")
     }
 }
 
