@@ -113,9 +113,9 @@ pub(super) fn process(
         Some(field) => {
             let text = field.string("a directory path (string)")?;
             if text.is_empty() {
-                return Err(field
-                    .error("is empty")
-                    .with_hint("remove `cwd` to run in the job file's directory"));
+                return Err(field.error("is empty").with_hint(
+                    "remove `cwd` to keep the default working directory, or give a path",
+                ));
             }
             Some(PathBuf::from(text))
         }
