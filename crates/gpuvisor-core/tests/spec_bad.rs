@@ -125,3 +125,26 @@ fn a_cycle_is_named_in_order() {
         diagnostic.message
     );
 }
+
+#[test]
+fn windows_line_endings_and_tabs_keep_locations_right() {
+    let text = "[process.learner]\r\ncommand = [\"python\"]\r\n\tmemroy = \"30%\"\r\n";
+    let diagnostic = parse_job(Path::new("crlf.toml"), text).unwrap_err();
+    let span = diagnostic.span.unwrap();
+    assert_eq!((span.line, span.col), (3, 2));
+    assert_eq!(
+        diagnostic.source_line.as_deref(),
+        Some("\tmemroy = \"30%\"")
+    );
+    assert_eq!(
+        diagnostic.to_string(),
+        "crlf.toml:3:2: unknown key `memroy` in [process.learner]\n  3 | \tmemroy = \"30%\"\n    | \t^^^^^^\n  hint: did you mean `memory`?"
+    );
+}
+
+#[test]
+fn a_byte_order_mark_is_not_an_error() {
+    let text = "\u{feff}[process.a]\ncommand = [\"true\"]\n";
+    let job = parse_job(Path::new("bom.toml"), text).unwrap_or_else(|error| panic!("{error}"));
+    assert_eq!(job.processes[0].name, "a");
+}
