@@ -18,6 +18,6 @@ mod values;
 
 pub use diagnostic::{Diagnostic, Span};
 pub use model::*;
-pub use parse::{parse_job, read_job_file, DEFAULT_CONTEXT_OVERHEAD_BYTES};
+pub use parse::{accepted_keys, parse_job, read_job_file, DEFAULT_CONTEXT_OVERHEAD_BYTES};
 pub use placeholder::{substitute_replica, REPLICA_PLACEHOLDER};
 pub use restart::{parse_duration_ms, DurationError};

@@ -23,6 +23,19 @@ const JOB_KEYS: &[&str] = &["name", "enforce"];
 /// Keys accepted in `[gpus]`.
 const GPUS_KEYS: &[&str] = &["devices", "reserve", "context_overhead", "placement"];
 
+/// Every table of a job file with the keys it accepts, e.g. `("[process.NAME]", ["command", ...])`:
+/// for documentation checks and shell completion.
+pub fn accepted_keys() -> [(&'static str, &'static [&'static str]); 6] {
+    [
+        ("top level", TOP_KEYS),
+        ("[job]", JOB_KEYS),
+        ("[gpus]", GPUS_KEYS),
+        ("[process.NAME]", PROCESS_KEYS),
+        ("[process.NAME.restart]", super::restart::RESTART_KEYS),
+        ("[process.NAME.stop]", super::restart::STOP_KEYS),
+    ]
+}
+
 /// `[gpus] context_overhead` when not written.
 pub const DEFAULT_CONTEXT_OVERHEAD_BYTES: u64 = 500 * MIB;
 

@@ -4,7 +4,7 @@ use super::reader::{suggest, Field, Source, Table};
 use super::{Diagnostic, RestartPolicy, RestartSpec, StopSpec};
 
 /// Keys accepted in `[process.NAME.restart]`.
-const RESTART_KEYS: &[&str] = &[
+pub(super) const RESTART_KEYS: &[&str] = &[
     "policy",
     "max_restarts",
     "window",
@@ -15,7 +15,7 @@ const RESTART_KEYS: &[&str] = &[
 ];
 
 /// Keys accepted in `[process.NAME.stop]`.
-const STOP_KEYS: &[&str] = &["signal", "grace"];
+pub(super) const STOP_KEYS: &[&str] = &["signal", "grace"];
 
 /// Policies as written in job files.
 const POLICIES: &[(&str, RestartPolicy)] = &[
