@@ -10,7 +10,8 @@
 //!
 //! Only the GPUs allowed by `[gpus] devices` (all of them when absent) are used, in index order.
 //! Memory held by anyone when the plan is made counts as foreign; the plan warns with the pids
-//! of the processes that hold it.
+//! of the processes that hold it (and about 1 GiB or more that no listed process holds; less
+//! than that is the driver's own and only shows in the arithmetic).
 //!
 //! - `memory = "12GiB"`: budget = 12 GiB (what the process may allocate; what it sees as its
 //!   device under the shim); its context overhead is charged on top.

@@ -293,6 +293,23 @@ fn foreign_memory_is_not_usable_and_is_reported_with_pids() {
 }
 
 #[test]
+fn memory_no_process_holds_is_foreign_but_warned_about_only_when_large() {
+    // A real idle GPU shows a few hundred MiB in use by the driver itself, with no process.
+    let mut inventory = inventory(&[(80 * GIB, 400 * MIB), (80 * GIB, 3 * GIB)]);
+    for gpu in &mut inventory.gpus {
+        gpu.processes.clear();
+    }
+    inventory.gpus[1].mig_enabled = true;
+    let plan = plan(&job().process("a", "rest").replicas(2).build(), &inventory).unwrap();
+    assert_eq!(plan.gpus[0].usable_bytes, 80 * GIB - 400 * MIB);
+    assert_eq!(plan.gpus[1].usable_bytes, 77 * GIB);
+    assert_eq!(plan.warnings.len(), 2, "{:?}", plan.warnings);
+    assert!(plan.warnings[0]
+        .starts_with("GPU 1 (Test GPU 1): 3.0 GiB is in use but the driver lists no process"));
+    assert!(plan.warnings[1].starts_with("GPU 1 (Test GPU 1) has MIG mode on"));
+}
+
+#[test]
 fn only_allowed_devices_are_used_in_index_order() {
     let inventory = simulate("4x80GiB").unwrap();
     let devices = vec![

@@ -1,7 +1,9 @@
 //! Error messages for jobs that do not fit: the arithmetic of every GPU, then a concrete hint.
 //!
 //! The message is what a user reads when a job will not start, so it shows who asked for what on
-//! each GPU, what is usable and why, and by how much the failing replica misses.
+//! each GPU, what is usable and why, and by how much the failing replica misses. The hint's
+//! numbers are checked, not estimated: "the whole job fits with N replicas" and "with memory =
+//! X the whole job fits" come from binary searches that re-plan variants of the job quietly.
 
 use crate::size::{parse_size, ByteSize, GIB, MIB};
 use crate::spec::{MemoryAsk, ProcessSpec};
@@ -429,8 +431,8 @@ pub(super) fn fixed_failure(
             ),
             (_, Some(need)) if need <= room.left_bytes() => format!("{head}: room for {label}"),
             (_, need) => {
-                let need = need.unwrap_or(0);
-                format!("{head}: short by {} GiB for {label}", gib(need - room.left_bytes()))
+                let short = need.unwrap_or(0).saturating_sub(room.left_bytes());
+                format!("{head}: short by {} GiB for {label}", gib(short))
             }
         }
     };

@@ -565,40 +565,44 @@ fn planned_replica(
     }
 }
 
+/// Memory held by others below this, with no process to show for it, is the driver's own
+/// (a few hundred MiB on an idle data-center GPU): counted as foreign, but not worth a warning.
+const UNATTRIBUTED_WARNING_BYTES: u64 = 1 << 30;
+
 /// Foreign memory (with pids) and MIG mode on the GPUs the plan uses.
 fn warnings(rooms: &[Room]) -> Vec<String> {
     let mut warnings = Vec::new();
     for room in rooms {
         let gpu = room.gpu;
-        if room.foreign_bytes > 0 {
-            let mut holders: Vec<String> = gpu
-                .processes
-                .iter()
-                .map(|process| {
-                    let name = process
-                        .name
-                        .as_deref()
-                        .map(|name| format!(" {name}"))
-                        .unwrap_or_default();
-                    let used = process
-                        .used_bytes
-                        .map(|used| format!(", {}", ByteSize(used)))
-                        .unwrap_or_default();
-                    format!("pid {}{name}{used}", process.pid)
-                })
-                .collect();
-            if holders.is_empty() {
-                holders.push(
-                    "the driver lists no process; the driver or another container holds it"
-                        .to_string(),
-                );
-            }
+        let holders: Vec<String> = gpu
+            .processes
+            .iter()
+            .map(|process| {
+                let name = process
+                    .name
+                    .as_deref()
+                    .map(|name| format!(" ({name})"))
+                    .unwrap_or_default();
+                let used = process
+                    .used_bytes
+                    .map_or("some memory".to_string(), |used| ByteSize(used).to_string());
+                format!("pid {}{name} holds {used}", process.pid)
+            })
+            .collect();
+        if room.foreign_bytes > 0 && !holders.is_empty() {
             warnings.push(format!(
                 "GPU {} ({}): {} is held by processes outside this job ({}); the plan leaves it to them",
                 gpu.index,
                 gpu.name,
                 ByteSize(room.foreign_bytes),
-                holders.join("; ")
+                holders.join(", ")
+            ));
+        } else if room.foreign_bytes >= UNATTRIBUTED_WARNING_BYTES {
+            warnings.push(format!(
+                "GPU {} ({}): {} is in use but the driver lists no process holding it (another container?); the plan leaves it alone",
+                gpu.index,
+                gpu.name,
+                ByteSize(room.foreign_bytes)
             ));
         }
         if gpu.mig_enabled {
