@@ -46,7 +46,9 @@
 //! [`PlanError::Spec`] pointing into the job file. The same input always gives the same plan
 //! (no hash-map order anywhere in it).
 
+mod devices;
 mod explain;
+mod hint;
 mod place;
 
 use std::collections::BTreeMap;
