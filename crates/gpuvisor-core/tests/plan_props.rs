@@ -249,6 +249,51 @@ fn check_plan(job: &JobSpec, inventory: &Inventory, plan: &Plan) -> Result<(), T
     Ok(())
 }
 
+/// The text between `before` and `after` in `text`.
+fn between<'a>(text: &'a str, before: &str, after: &str) -> Option<&'a str> {
+    let start = text.find(before)? + before.len();
+    let len = text[start..].find(after)?;
+    Some(&text[start..start + len])
+}
+
+/// A hint that promises "the whole job fits" must be right: applying it gives a plan.
+fn check_hint(job: &JobSpec, inventory: &Inventory, hint: &str) -> Result<(), TestCaseError> {
+    let index_of = |name: &str| {
+        job.processes
+            .iter()
+            .position(|process| process.name == name)
+            .unwrap()
+    };
+    if let Some(name) = between(hint, "fewer replicas of ", " (the whole job fits with ") {
+        let count: u32 = between(hint, "(the whole job fits with ", " of the")
+            .unwrap()
+            .parse()
+            .unwrap();
+        let mut fewer = job.clone();
+        fewer.processes[index_of(name)].replicas = count;
+        let planned = plan(&fewer, inventory);
+        prop_assert!(
+            planned.is_ok(),
+            "hint `{}` does not hold: {}",
+            hint,
+            planned.unwrap_err()
+        );
+    }
+    if let Some(memory) = between(hint, "(with memory = \"", "\" for ") {
+        let name = between(hint, &format!("{memory}\" for "), " the whole job fits").unwrap();
+        let mut smaller = job.clone();
+        smaller.processes[index_of(name)].memory = common::parse_memory(memory).1;
+        let planned = plan(&smaller, inventory);
+        prop_assert!(
+            planned.is_ok(),
+            "hint `{}` does not hold: {}",
+            hint,
+            planned.unwrap_err()
+        );
+    }
+    Ok(())
+}
+
 /// Whether the job asks for more GPUs per replica than it may use (a plan-time spec error).
 fn wants_too_many_gpus(job: &JobSpec, inventory: &Inventory) -> bool {
     let allowed = job
@@ -284,6 +329,7 @@ proptest! {
                 prop_assert!(message.starts_with("the job does not fit: "), "{}", message);
                 prop_assert!(message.contains("\n  GPU "), "no per-GPU arithmetic: {}", message);
                 prop_assert!(!hint.is_empty());
+                check_hint(&job, &inventory, hint)?;
             }
         }
         // Deterministic: the same input gives the same plan (or the same error), byte for byte.
@@ -347,7 +393,7 @@ fn generators_reach_both_outcomes() {
     use proptest::strategy::ValueTree;
     use proptest::test_runner::TestRunner;
     let mut runner = TestRunner::deterministic();
-    let (mut planned, mut infeasible, mut rest, mut multi) = (0, 0, 0, 0);
+    let (mut planned, mut infeasible, mut rest, mut multi, mut checked_hints) = (0, 0, 0, 0, 0);
     for _ in 0..400 {
         let (job, inventory) = arb_case().new_tree(&mut runner).unwrap().current();
         match plan(&job, &inventory) {
@@ -358,13 +404,17 @@ fn generators_reach_both_outcomes() {
                 }));
                 multi += usize::from(plan.replicas.iter().any(|r| r.gpus.len() > 1));
             }
-            Err(PlanError::Infeasible { .. }) => infeasible += 1,
+            Err(PlanError::Infeasible { hint, .. }) => {
+                infeasible += 1;
+                checked_hints += usize::from(hint.contains("the whole job fits"));
+            }
             Err(PlanError::Spec(_)) => {}
         }
     }
-    eprintln!("planned {planned}, infeasible {infeasible}, rest {rest}, multi {multi}");
+    let counts = format!("planned {planned}, infeasible {infeasible}, rest {rest}, multi {multi}, hints {checked_hints}");
+    eprintln!("{counts}");
     assert!(
-        planned > 40 && infeasible > 40 && rest > 20 && multi > 10,
-        "planned {planned}, infeasible {infeasible}, rest {rest}, multi {multi}"
+        planned > 40 && infeasible > 40 && rest > 20 && multi > 10 && checked_hints > 20,
+        "{counts}"
     );
 }
