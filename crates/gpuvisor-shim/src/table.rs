@@ -104,8 +104,12 @@ impl Table {
 
     #[inline]
     fn home(&self, key: u64) -> usize {
-        // Device pointers are aligned and often consecutive; Fibonacci hashing spreads them.
-        (key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 24) as usize
+        // Locality first: within a 512 MiB window, addresses map linearly (512-byte steps, the
+        // driver's smallest alignment), so neighbouring allocations share cache lines. Each
+        // window starts at a Fibonacci-hashed offset, so aligned large allocations from many
+        // windows do not pile onto the same few entries.
+        let window = key >> 29;
+        ((key >> 9).wrapping_add(window.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 40)) as usize
     }
 
     /// Records `key -> (size, device)`. False if the table is full around `key` (or unmapped).
