@@ -56,7 +56,8 @@ impl Table {
     /// child after fork() gets empty tables without locks or frees.
     pub fn map(&self, fixed: bool) -> bool {
         let current = self.entries.load(Ordering::Acquire);
-        if !fixed && !current.is_null() {
+        if current.is_null() == fixed {
+            // Already mapped (plain map), or nothing to replace (fixed re-map).
             return true;
         }
         let (addr, flags) = if fixed && !current.is_null() {
