@@ -22,7 +22,9 @@ fn fixture() -> &'static Fixture {
     static FIXTURE: OnceLock<Fixture> = OnceLock::new();
     FIXTURE.get_or_init(|| {
         let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c");
-        let dir = std::env::temp_dir().join(format!("gpuvisor-shim-test-{}", std::process::id()));
+        // Inside target/tmp (cargo provides it to integration tests), not the system temp dir.
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("shim-fixture-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let cc = |args: &[&str]| {
             let out = Command::new("cc")
@@ -55,14 +57,49 @@ fn fixture() -> &'static Fixture {
             "-l:libcuda.so.1",
             "-ldl",
         ]);
-        // target/<profile>/deps/shim-<hash> -> target/<profile>/libgpuvisor_shim.so
-        let exe = std::env::current_exe().unwrap();
-        let shim = exe
-            .parent()
-            .unwrap()
-            .parent()
-            .unwrap()
-            .join("libgpuvisor_shim.so");
+        // Build the shim the way the CLI's build script does, with plain rustc: this also
+        // checks that it needs no cargo (and `cargo test` does not rebuild a cdylib for its
+        // integration tests, so target/*/libgpuvisor_shim.so could be stale).
+        let crates = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+        let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
+        let rustc_run = |args: &[&str]| {
+            let out = Command::new(&rustc).args(args).output().expect("rustc");
+            assert!(
+                out.status.success(),
+                "rustc {args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        };
+        let dir_str = dir.to_str().unwrap();
+        rustc_run(&[
+            "--edition",
+            "2021",
+            "--crate-type",
+            "rlib",
+            "--crate-name",
+            "gpuvisor_ledger",
+            "--out-dir",
+            dir_str,
+            crates.join("gpuvisor-ledger/src/lib.rs").to_str().unwrap(),
+        ]);
+        let extern_ledger = format!(
+            "gpuvisor_ledger={}",
+            dir.join("libgpuvisor_ledger.rlib").display()
+        );
+        rustc_run(&[
+            "--edition",
+            "2021",
+            "--crate-type",
+            "cdylib",
+            "--crate-name",
+            "gpuvisor_shim",
+            "--extern",
+            &extern_ledger,
+            "--out-dir",
+            dir_str,
+            crates.join("gpuvisor-shim/src/lib.rs").to_str().unwrap(),
+        ]);
+        let shim = dir.join("libgpuvisor_shim.so");
         assert!(shim.exists(), "{} not built", shim.display());
         Fixture {
             fake_dir: dir,
@@ -197,6 +234,34 @@ fn budget_is_enforced_on_every_path() {
             .collect();
         assert_eq!(denied, vec![600 * MIB, 2 * GIB], "mode {mode}");
     }
+}
+
+#[test]
+fn get_proc_address_pointers_the_shim_does_not_recognise_are_still_hooked() {
+    let (path, ledger) = ledger("internal", &[group(GIB, NO_LIMIT)]);
+    let script = format!(
+        "init ctx 0 info alloc {a} alloc {a} free-all info",
+        a = 600 * MIB
+    );
+    let out = run(
+        "procaddr",
+        Some(&path.0),
+        &[("FAKE_INTERNAL_ENTRY_POINTS", "1")],
+        &script,
+    );
+    assert_eq!(
+        stdout(&out),
+        vec![
+            "init rc=0".to_string(),
+            "ctx rc=0".into(),
+            format!("info rc=0 free={GIB} total={GIB}"),
+            "alloc rc=0".into(),
+            "alloc rc=2".into(),
+            "free-all rc=0".into(),
+            format!("info rc=0 free={GIB} total={GIB}"),
+        ]
+    );
+    assert_eq!(ledger.snapshot().groups[0].peak_bytes[0], 600 * MIB);
 }
 
 #[test]
