@@ -280,6 +280,28 @@ fn get_proc_address_pointers_the_shim_does_not_recognise_are_still_hooked() {
 }
 
 #[test]
+fn single_visible_device_is_charged_without_asking_the_driver_each_time() {
+    let (path, ledger) = ledger("single", &[group(GIB, NO_LIMIT)]);
+    let script = format!(
+        "init ctx 0 alloc {a} alloc {a} info free-all",
+        a = 600 * MIB
+    );
+    let out = run("dlsym", Some(&path.0), &[("FAKE_DEVICES", "1")], &script);
+    assert_eq!(
+        stdout(&out),
+        vec![
+            "init rc=0".to_string(),
+            "ctx rc=0".into(),
+            "alloc rc=0".into(),
+            "alloc rc=2".into(),
+            format!("info rc=0 free={} total={GIB}", GIB - 600 * MIB),
+            "free-all rc=0".into(),
+        ]
+    );
+    assert_eq!(ledger.snapshot().groups[0].used_bytes[0], 0);
+}
+
+#[test]
 fn per_process_view_and_devices_outside_the_ledger() {
     let (path, _ledger) = ledger("view", &[group(NO_LIMIT, 12 * GIB)]);
     let out = run(
