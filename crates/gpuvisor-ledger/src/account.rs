@@ -195,13 +195,16 @@ impl Ledger {
             return;
         }
         let repairs = &self.header().underflow_repairs;
+        // Group first, slot second (the mirror of `charge`): a process killed between the two
+        // can only leave the group under-charged after reclaim, never charged for memory that
+        // no longer exists.
         sub_clamped(
-            &self.slot(slot.index as usize).used_bytes[device],
+            &self.group(slot.group as usize).used_bytes[device],
             bytes,
             repairs,
         );
         sub_clamped(
-            &self.group(slot.group as usize).used_bytes[device],
+            &self.slot(slot.index as usize).used_bytes[device],
             bytes,
             repairs,
         );
