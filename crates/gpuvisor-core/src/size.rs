@@ -25,9 +25,7 @@ pub enum SizeError {
     #[error("`{0}` does not start with a number")]
     NotANumber(String),
     /// The unit is not one of the known ones.
-    #[error(
-        "unknown unit `{unit}` in `{text}`; expected one of B, KiB, MiB, GiB, TiB, KB, MB, GB, TB"
-    )]
+    #[error("unknown unit `{unit}` in `{text}`; expected one of B, KiB, MiB, GiB, TiB, KB, MB, GB, TB")]
     UnknownUnit {
         /// The whole text.
         text: String,
@@ -124,19 +122,10 @@ mod tests {
     fn refuses_bad_sizes() {
         assert!(matches!(parse_size(""), Err(SizeError::Empty)));
         assert!(matches!(parse_size("GiB"), Err(SizeError::NotANumber(_))));
-        assert!(matches!(
-            parse_size("12XB"),
-            Err(SizeError::UnknownUnit { .. })
-        ));
+        assert!(matches!(parse_size("12XB"), Err(SizeError::UnknownUnit { .. })));
         assert!(matches!(parse_size("0GiB"), Err(SizeError::NotPositive(_))));
-        assert!(matches!(
-            parse_size("-1GiB"),
-            Err(SizeError::NotPositive(_))
-        ));
-        assert!(matches!(
-            parse_size("1e30TiB"),
-            Err(SizeError::NotANumber(_)) | Err(SizeError::TooLarge(_))
-        ));
+        assert!(matches!(parse_size("-1GiB"), Err(SizeError::NotPositive(_))));
+        assert!(matches!(parse_size("1e30TiB"), Err(SizeError::NotANumber(_)) | Err(SizeError::TooLarge(_))));
     }
 
     #[test]

@@ -243,10 +243,7 @@ pub struct StopSpec {
 
 impl Default for StopSpec {
     fn default() -> Self {
-        StopSpec {
-            signal: "SIGINT".to_string(),
-            grace_ms: 10_000,
-        }
+        StopSpec { signal: "SIGINT".to_string(), grace_ms: 10_000 }
     }
 }
 
