@@ -140,8 +140,13 @@ fn uuid(i: usize) -> String {
 fn ledger(tag: &str, groups: &[GroupConfig]) -> (TempLedger, Ledger) {
     use std::sync::atomic::{AtomicU32, Ordering};
     static N: AtomicU32 = AtomicU32::new(0);
-    let path = PathBuf::from(format!(
-        "/dev/shm/gpuvisor-shimtest-{tag}-{}-{}",
+    let dir = if Path::new("/dev/shm").is_dir() {
+        PathBuf::from("/dev/shm")
+    } else {
+        std::env::temp_dir()
+    };
+    let path = dir.join(format!(
+        "gpuvisor-shimtest-{tag}-{}-{}",
         std::process::id(),
         N.fetch_add(1, Ordering::Relaxed)
     ));
