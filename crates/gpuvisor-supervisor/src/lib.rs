@@ -5,11 +5,13 @@
 //!   append-only event log and [`clock`] its timestamps;
 //! - [`state`] is the restart / readiness / shutdown state machine, as plain data;
 //! - [`spawn`] starts replicas (own process group, parent-death signal, behind a [`keeper`])
-//!   and reaps every child in one place; [`procfs`] reads process trees;
+//!   and reaps every child in one place; [`procfs`] reads process trees; [`record`] reads a
+//!   run record back;
 //! - [`logs`] pumps every pipe into timestamped files and the [`terminal`];
 //! - [`cause`] classifies exits, [`cleanup`] removes the job's /dev/shm leftovers, [`control`]
 //!   is the control socket;
 //! - [`supervisor`] is the event loop tying them together: [`supervisor::supervise`].
+
 pub mod cause;
 pub mod cleanup;
 pub mod clock;
@@ -18,6 +20,7 @@ pub mod events;
 pub mod keeper;
 pub mod logs;
 pub mod procfs;
+pub mod record;
 pub mod rundir;
 pub mod spawn;
 pub mod state;

@@ -2,6 +2,8 @@
 
 mod gpus;
 mod plan;
+pub mod ps;
+pub mod run;
 
 use std::process::ExitCode;
 
@@ -13,5 +15,10 @@ pub fn run(cli: Cli) -> Result<ExitCode, Failure> {
     match cli.command {
         Command::Plan(args) => plan::run(args),
         Command::Gpus(args) => gpus::run(args),
+        Command::Run(args) => run::run(args),
+        Command::Ps(args) => ps::ps(args),
+        Command::Stop(args) => ps::stop(args),
+        Command::Restart(args) => ps::restart(args),
+        Command::Keeper(args) => run::keeper(args),
     }
 }
