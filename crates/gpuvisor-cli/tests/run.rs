@@ -353,3 +353,36 @@ fn readiness_flags_are_checked() {
     let ok = finish(start_run(dir.path(), &path, &["--ready", "a=exit"]));
     assert_eq!(ok.code, Some(0), "{}", ok.stderr);
 }
+
+#[test]
+fn replicas_feel_sigint_even_when_gpuvisor_was_started_ignoring_it() {
+    // A shell starting gpuvisor in the background ignores SIGINT for it; the replicas must
+    // not inherit that, or a graceful stop always ends in SIGKILL.
+    let (dir, path) = job("[process.sleeper]\ncommand = [\"sleep\", \"300\"]\ndevice = \"cpu\"\n");
+    let child = std::process::Command::new("sh")
+        .arg("-c")
+        .arg("trap '' INT; exec \"$0\" run \"$1\" --run-dir \"$2\" --simulate 1x80GiB --quiet")
+        .arg(env!("CARGO_BIN_EXE_gpuvisor"))
+        .arg(&path)
+        .arg(dir.path().join("run"))
+        .current_dir(dir.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    assert!(wait_for(20, || count(
+        &events(dir.path()),
+        "start",
+        "sleeper"
+    ) == 1));
+    let run_dir = dir.path().join("run");
+    assert_eq!(
+        util::run(&["stop", run_dir.to_str().unwrap()]).code,
+        Some(0)
+    );
+    let run = finish(child);
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    let record = events(dir.path());
+    let exit = record.iter().find(|e| e["kind"] == "exit").unwrap();
+    assert_eq!(exit["summary"], "stopped (SIGINT)", "{exit:?}");
+}

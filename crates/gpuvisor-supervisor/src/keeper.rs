@@ -12,6 +12,7 @@
 //!   and exit; otherwise the signal was for the group (a stop) and the command got it too.
 
 use std::ffi::OsString;
+use std::os::unix::process::CommandExt;
 use std::process::Command;
 
 use nix::errno::Errno;
@@ -21,7 +22,7 @@ use nix::sys::signal::{kill, raise, SigSet, Signal};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::{getpgrp, getpid, getppid, Pid};
 
-use crate::procfs;
+use crate::{procfs, spawn};
 
 /// The signals the keeper waits for instead of being killed by them.
 const WATCHED: [Signal; 7] = [
@@ -54,7 +55,7 @@ pub fn run(parent: i32, command: &[OsString]) -> ! {
     for signal in WATCHED {
         watched.add(signal);
     }
-    // Blocked here and waited for below; std clears the mask in the child it spawns.
+    // Blocked here and waited for below; the child gets an empty mask (clear_mask_in_child).
     let _ = watched.thread_block();
     let _ = prctl::set_child_subreaper(true);
     if getppid().as_raw() != parent {
@@ -63,6 +64,7 @@ pub fn run(parent: i32, command: &[OsString]) -> ! {
     }
     let mut child = Command::new(&command[0]);
     child.args(&command[1..]);
+    clear_mask_in_child(&mut child);
     let child = match child.spawn() {
         Ok(child) => child,
         Err(error) => {
@@ -90,6 +92,15 @@ pub fn run(parent: i32, command: &[OsString]) -> ! {
             kill_tree();
             std::process::exit(128 + Signal::SIGKILL as i32);
         }
+    }
+}
+
+#[allow(unsafe_code)]
+fn clear_mask_in_child(command: &mut Command) {
+    // SAFETY: the closure runs in the forked child before exec and only calls sigaction and
+    // sigprocmask (async-signal-safe); it allocates nothing and takes no lock.
+    unsafe {
+        command.pre_exec(spawn::reset_signals);
     }
 }
 

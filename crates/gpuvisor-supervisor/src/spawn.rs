@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use nix::errno::Errno;
 use nix::sys::prctl;
-use nix::sys::signal::Signal;
+use nix::sys::signal::{self, SigHandler, SigSet, Signal};
 use nix::sys::wait::{waitid, waitpid, Id, WaitPidFlag, WaitStatus};
 use nix::unistd::{setpgid, Pid};
 
@@ -131,17 +131,45 @@ impl Spawner {
     }
 }
 
+/// Signals a replica must feel at their default action: a shell that started gpuvisor in the
+/// background ignores SIGINT and SIGQUIT, and ignored signals survive exec.
+const RESET_SIGNALS: [Signal; 6] = [
+    Signal::SIGINT,
+    Signal::SIGQUIT,
+    Signal::SIGTERM,
+    Signal::SIGHUP,
+    Signal::SIGUSR1,
+    Signal::SIGUSR2,
+];
+
 #[allow(unsafe_code)]
 fn install_pre_exec(command: &mut Command, death_signal: Signal) {
-    // SAFETY: the closure runs in the forked child before exec and only makes two system calls
-    // (setpgid, prctl), both async-signal-safe; it allocates nothing and takes no lock.
+    // SAFETY: the closure runs in the forked child before exec and only makes system calls
+    // (setpgid, prctl, sigaction), all async-signal-safe; it allocates nothing, takes no lock.
     unsafe {
         command.pre_exec(move || {
             setpgid(Pid::from_raw(0), Pid::from_raw(0)).map_err(io::Error::from)?;
             prctl::set_pdeathsig(death_signal).map_err(io::Error::from)?;
-            Ok(())
+            reset_signals()
         });
     }
+}
+
+/// In a forked child before exec: default actions for the stop signals and an empty signal
+/// mask (std keeps the parent's mask, and the supervisor and the keeper block the signals they
+/// wait for). Only async-signal-safe calls.
+#[allow(unsafe_code)]
+pub fn reset_signals() -> io::Result<()> {
+    for signal in RESET_SIGNALS {
+        // SAFETY: installing SIG_DFL runs no handler code; sigaction is async-signal-safe.
+        unsafe { signal::signal(signal, SigHandler::SigDfl) }.map_err(io::Error::from)?;
+    }
+    signal::sigprocmask(
+        signal::SigmaskHow::SIG_SETMASK,
+        Some(&SigSet::empty()),
+        None,
+    )
+    .map_err(io::Error::from)
 }
 
 /// Finds the program `launch` runs, as exec would, or says why it cannot be run.
