@@ -2,10 +2,11 @@
 //! (`gpuvisor __keeper --parent PID -- COMMAND...`), so that no process of the job outlives
 //! the supervisor, even when it is killed with SIGKILL.
 //!
-//! The supervisor starts the keeper as the leader of a new process group, with
-//! `PR_SET_PDEATHSIG = SIGTERM`. The keeper makes itself a child subreaper (orphans anywhere in
-//! the replica's tree are reparented to it, whatever their process group), starts the command in
-//! the keeper's group (so a signal to the group reaches the command), and waits for signals:
+//! The supervisor starts the keeper as the leader of a new process group. The keeper sets
+//! `PR_SET_PDEATHSIG = SIGTERM` on itself (then checks its parent is still the supervisor),
+//! makes itself a child subreaper (orphans anywhere in the replica's tree are reparented to it,
+//! whatever their process group), starts the command in the keeper's group (so a signal to the
+//! group reaches the command), and waits for signals:
 //! - SIGCHLD: reap. When the command exits, kill what is left of its tree, then exit the same
 //!   way the command did (same code, or the same signal), so the supervisor sees the real status.
 //! - SIGTERM / SIGINT / ...: if the parent is gone (the parent-death signal), kill the whole tree
@@ -20,7 +21,7 @@ use nix::sys::prctl;
 use nix::sys::resource::{setrlimit, Resource};
 use nix::sys::signal::{kill, raise, SigSet, Signal};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
-use nix::unistd::{getpgrp, getpid, getppid, Pid};
+use nix::unistd::{getpid, getppid, Pid};
 
 use crate::{procfs, spawn};
 
@@ -51,6 +52,8 @@ pub fn parse_args(args: &[OsString]) -> Option<(i32, Vec<OsString>)> {
 
 /// Runs the keeper; never returns. `parent` is the supervisor's pid.
 pub fn run(parent: i32, command: &[OsString]) -> ! {
+    // Started by posix_spawn: it may inherit ignored stop signals (from a background shell).
+    let _ = spawn::reset_signals();
     let mut watched = SigSet::empty();
     for signal in WATCHED {
         watched.add(signal);
@@ -58,6 +61,9 @@ pub fn run(parent: i32, command: &[OsString]) -> ! {
     // Blocked here and waited for below; the child gets an empty mask (clear_mask_in_child).
     let _ = watched.thread_block();
     let _ = prctl::set_child_subreaper(true);
+    // SIGTERM, not SIGKILL: the keeper must outlive its parent long enough to kill the tree.
+    let _ = prctl::set_pdeathsig(Signal::SIGTERM);
+    // Checked after setting the death signal: a parent gone before that is seen here.
     if getppid().as_raw() != parent {
         // The supervisor died before we were ready: nothing to keep.
         std::process::exit(137);
@@ -119,17 +125,13 @@ fn reap(main: Pid) -> Option<WaitStatus> {
     }
 }
 
-/// SIGKILLs everything left in this keeper's group and every process reparented to it, until
-/// nothing is left, reaping as it goes.
+/// SIGKILLs every descendant of this keeper (orphans are reparented to it, so this is the
+/// whole tree), until nothing is left, reaping as it goes. Only descendants: a keeper started
+/// by hand inside someone else's process group must not kill that group.
 fn kill_tree() {
     let me = getpid().as_raw();
-    let group = getpgrp().as_raw();
     for _round in 0..50 {
-        let left: Vec<i32> = procfs::job_tree(&[group])
-            .into_iter()
-            .chain(procfs::children(me))
-            .filter(|&pid| pid != me)
-            .collect();
+        let left = procfs::descendants(me);
         if left.is_empty() {
             return;
         }

@@ -2,6 +2,7 @@
 //! a job's whole tree), a process's children, resident memory, and mapped /dev/shm files.
 
 use std::fs;
+use std::path::Path;
 
 /// One line of /proc/PID/stat, the fields gpuvisor uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -65,14 +66,39 @@ pub fn job_tree(groups: &[i32]) -> Vec<i32> {
     members
 }
 
-/// Direct children of `pid` (from /proc/PID/task/PID/children, falling back to a scan).
+/// Every descendant of `pid`, following each thread's children lists (no scan of all of
+/// /proc: a keeper does this when its command exits).
+pub fn descendants(pid: i32) -> Vec<i32> {
+    let mut found = Vec::new();
+    let mut stack = vec![pid];
+    while let Some(parent) = stack.pop() {
+        for child in children(parent) {
+            if !found.contains(&child) {
+                found.push(child);
+                stack.push(child);
+            }
+        }
+    }
+    found
+}
+
+/// Direct children of `pid`: from every thread's /proc/PID/task/TID/children (a child belongs
+/// to the thread that forked it), falling back to a scan of /proc.
 pub fn children(pid: i32) -> Vec<i32> {
-    match fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")) {
-        Ok(text) => text
-            .split_whitespace()
+    let tasks = fs::read_dir(format!("/proc/{pid}/task"));
+    let lists: Option<Vec<String>> = tasks.ok().map(|tasks| {
+        tasks
+            .filter_map(Result::ok)
+            .filter_map(|task| fs::read_to_string(task.path().join("children")).ok())
+            .collect()
+    });
+    match lists {
+        Some(lists) if Path::new(&format!("/proc/{pid}/task/{pid}/children")).exists() => lists
+            .iter()
+            .flat_map(|text| text.split_whitespace())
             .filter_map(|word| word.parse().ok())
             .collect(),
-        Err(_) => all_processes()
+        _ => all_processes()
             .into_iter()
             .filter(|process| process.ppid == pid)
             .map(|process| process.pid)
@@ -120,6 +146,37 @@ mod tests {
             })
         );
         assert_eq!(parse_stat("garbage"), None);
+    }
+
+    #[test]
+    fn descendants_are_found_through_every_level() {
+        // shell -> (inner shell -> sleep), sleep: three descendants on two levels.
+        let mut child = std::process::Command::new("sh")
+            .args(["-c", "sh -c 'sleep 5; true' & sleep 5 & wait"])
+            .spawn()
+            .unwrap();
+        let shell = child.id() as i32;
+        let mut found = Vec::new();
+        for _ in 0..200 {
+            found = descendants(shell);
+            if found.len() >= 3 {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        let grandchildren = found
+            .iter()
+            .filter(|&&pid| stat(pid).is_some_and(|s| s.ppid != shell))
+            .count();
+        for pid in found.iter().chain([&shell]) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(*pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+        let _ = child.wait();
+        assert_eq!(found.len(), 3, "{found:?}");
+        assert_eq!(grandchildren, 1, "{found:?}");
     }
 
     #[test]

@@ -365,6 +365,7 @@ impl Run<'_> {
             let rss: u64 = tree.iter().filter_map(|&pid| procfs::rss_bytes(pid)).sum();
             track.peak_rss = Some(track.peak_rss.unwrap_or(0).max(rss));
             for pid in tree {
+                // Every sample: a semaphore created just before a crash is the one that leaks.
                 self.footprint.pids.insert(pid);
                 for path in procfs::mapped_shm(pid) {
                     self.footprint.mapped.insert(PathBuf::from(path));
