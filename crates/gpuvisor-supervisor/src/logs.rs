@@ -295,35 +295,76 @@ impl Pump {
 
     /// Reads what `streams[index]` has; false at end of file.
     fn drain(&mut self, index: usize, timestamp: &[u8]) -> bool {
+        // Moved out for the loop so the read data can be written without copying it first.
+        let mut buffer = std::mem::take(&mut self.buffer);
+        let mut open = true;
         for _ in 0..4 {
-            let read = (&self.streams[index].file).read(&mut self.buffer);
+            let read = (&self.streams[index].file).read(&mut buffer);
             match read {
-                Ok(0) => return false,
+                Ok(0) => {
+                    open = false;
+                    break;
+                }
                 Ok(count) => {
-                    let mut data = std::mem::take(&mut self.streams[index].partial);
-                    data.extend_from_slice(&self.buffer[..count]);
-                    let complete = match data.iter().rposition(|&byte| byte == b'\n') {
-                        Some(end) => end + 1,
-                        // An endless line is cut at the read size rather than held forever.
-                        None if data.len() >= READ_BYTES => data.len(),
-                        None => 0,
-                    };
-                    self.streams[index].partial = data.split_off(complete);
-                    if complete > 0 {
-                        let (replica, stderr) =
-                            (self.streams[index].replica, self.streams[index].stderr);
-                        self.write_lines(replica, stderr, &data, timestamp);
-                    }
-                    if count < READ_BYTES {
-                        return true;
+                    self.take_chunk(index, &buffer[..count], timestamp);
+                    if count < buffer.len() {
+                        break;
                     }
                 }
-                Err(error) if error.kind() == io::ErrorKind::WouldBlock => return true,
+                Err(error) if error.kind() == io::ErrorKind::WouldBlock => break,
                 Err(error) if error.kind() == io::ErrorKind::Interrupted => continue,
-                Err(_) => return false,
+                Err(_) => {
+                    open = false;
+                    break;
+                }
             }
         }
-        true
+        self.buffer = buffer;
+        open
+    }
+
+    /// Writes the complete lines of `fresh` (after what was pending of the stream's last line)
+    /// and keeps the unfinished rest for the next read.
+    fn take_chunk(&mut self, index: usize, mut fresh: &[u8], timestamp: &[u8]) {
+        let (replica, stderr) = (self.streams[index].replica, self.streams[index].stderr);
+        if !self.streams[index].partial.is_empty() {
+            match memchr::memchr(b'\n', fresh) {
+                Some(end) => {
+                    let mut line = std::mem::take(&mut self.streams[index].partial);
+                    line.extend_from_slice(&fresh[..=end]);
+                    self.write_lines(replica, stderr, &line, timestamp);
+                    line.clear();
+                    self.streams[index].partial = line; // keeps its capacity
+                    fresh = &fresh[end + 1..];
+                }
+                None => {
+                    self.streams[index].partial.extend_from_slice(fresh);
+                    self.cut_endless_line(index, timestamp);
+                    return;
+                }
+            }
+        }
+        match memchr::memrchr(b'\n', fresh) {
+            Some(end) => {
+                self.write_lines(replica, stderr, &fresh[..=end], timestamp);
+                self.streams[index]
+                    .partial
+                    .extend_from_slice(&fresh[end + 1..]);
+            }
+            None => {
+                self.streams[index].partial.extend_from_slice(fresh);
+                self.cut_endless_line(index, timestamp);
+            }
+        }
+    }
+
+    /// A line longer than a read is written in pieces rather than held forever.
+    fn cut_endless_line(&mut self, index: usize, timestamp: &[u8]) {
+        if self.streams[index].partial.len() >= READ_BYTES {
+            let line = std::mem::take(&mut self.streams[index].partial);
+            let (replica, stderr) = (self.streams[index].replica, self.streams[index].stderr);
+            self.write_lines(replica, stderr, &line, timestamp);
+        }
     }
 
     /// Writes complete lines (a final line without `\n` gets one) to the file and the terminal.
@@ -334,7 +375,12 @@ impl Pump {
         let tag: &[u8] = if stderr { b" E " } else { b" O " };
         self.out.clear();
         let mut lines = 0usize;
-        for line in data.split_inclusive(|&byte| byte == b'\n') {
+        let mut start = 0;
+        let ends = memchr::memchr_iter(b'\n', data).map(|end| end + 1);
+        let last = (!data.ends_with(b"\n")).then_some(data.len());
+        for end in ends.chain(last) {
+            let line = &data[start..end];
+            start = end;
             self.out.extend_from_slice(timestamp);
             self.out.extend_from_slice(tag);
             self.out.extend_from_slice(line);
@@ -359,9 +405,15 @@ impl Pump {
             eprintln!("gpuvisor: cannot write {}: {error}", log.path.display());
         }
         log.file_bytes += self.out.len() as u64;
-        log.tail.extend_from_slice(data);
-        if log.tail.len() > 2 * TAIL_KEEP_BYTES {
-            log.tail.drain(..log.tail.len() - TAIL_KEEP_BYTES);
+        if data.len() >= TAIL_KEEP_BYTES {
+            log.tail.clear();
+            log.tail
+                .extend_from_slice(&data[data.len() - TAIL_KEEP_BYTES..]);
+        } else {
+            log.tail.extend_from_slice(data);
+            if log.tail.len() > 2 * TAIL_KEEP_BYTES {
+                log.tail.drain(..log.tail.len() - TAIL_KEEP_BYTES);
+            }
         }
         if log.file_bytes > self.config.max_file_bytes {
             rotate(log, self.config.keep_rotated);

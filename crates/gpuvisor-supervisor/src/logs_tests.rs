@@ -138,3 +138,25 @@ fn files_rotate_by_size_and_keep_every_line() {
     );
     assert!(numbers.len() < 40_000, "the oldest file was dropped");
 }
+
+#[test]
+fn an_endless_line_is_written_in_pieces_and_nothing_is_lost() {
+    let dir = tempfile::tempdir().unwrap();
+    let (pump, events) = pump(dir.path(), u64::MAX);
+    start(
+        &pump,
+        0,
+        "head -c 200000 /dev/zero | tr '\\0' x; echo; echo after",
+        None,
+    );
+    closed(&events);
+    pump.finish();
+    let text = std::fs::read_to_string(dir.path().join("writer.log")).unwrap();
+    let xs: usize = text
+        .lines()
+        .map(|line| line[27..].bytes().filter(|&b| b == b'x').count())
+        .sum();
+    assert_eq!(xs, 200_000);
+    assert!(text.lines().count() >= 3, "cut at least once");
+    assert!(text.ends_with(" O after\n"));
+}
