@@ -11,15 +11,17 @@ use clap::Args;
 use gpuvisor_core::env::replica_env;
 use gpuvisor_core::plan::{plan, Plan, PlanError};
 use gpuvisor_core::size::ByteSize;
-use gpuvisor_core::spec::{read_job_file, JobSpec};
+use gpuvisor_core::spec::{read_job_file, Enforcement, JobSpec};
 use gpuvisor_supervisor::clock::human_duration;
 use gpuvisor_supervisor::rundir::{RunDir, RunDirError, DEFAULT_RUNS};
 use gpuvisor_supervisor::spawn::Launch;
 use gpuvisor_supervisor::supervisor::{
-    supervise, NoHooks, Options, Outcome, Readiness, ReplicaSpec,
+    supervise, Hooks, NoHooks, Options, Outcome, Readiness, ReplicaSpec,
 };
 use nix::sys::signal::Signal;
 use regex::bytes::Regex;
+
+mod ledger;
 
 use crate::cli::InventoryArgs;
 use crate::failure::Failure;
@@ -92,9 +94,62 @@ pub fn run(args: RunArgs) -> Result<ExitCode, Failure> {
     let keeper = std::env::current_exe()?;
     let mut options = Options::new(&job.name, Some(vec![keeper.into(), "__keeper".into()]));
     options.terminal = !args.quiet;
-    let outcome = supervise(replicas, &run_dir, options, &mut NoHooks)?;
+    let mut hooks: Box<dyn Hooks> = match plan.enforcement {
+        Enforcement::Framework => Box::new(NoHooks),
+        Enforcement::Shim => {
+            let safe_name: String = job
+                .name
+                .chars()
+                .map(|c| {
+                    if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                        c
+                    } else {
+                        '_'
+                    }
+                })
+                .collect();
+            let shm = Path::new("/dev/shm");
+            let dir = if shm.is_dir() {
+                shm.to_path_buf()
+            } else {
+                std::env::temp_dir()
+            };
+            remove_stale_ledgers(&dir);
+            let path = dir.join(format!("gpuvisor-{safe_name}-{}", std::process::id()));
+            // The shim library arrives with `gpuvisor exec` (branch sim-exec): until then the
+            // ledger exists and is read, but nothing is preloaded to charge it.
+            Box::new(ledger::LedgerHooks::create(&plan, &path, None, Vec::new())?)
+        }
+    };
+    let outcome = supervise(replicas, &run_dir, options, hooks.as_mut())?;
     eprint!("{}", render_summary(&outcome));
     Ok(ExitCode::from(outcome.status))
+}
+
+/// Removes ledgers `gpuvisor-<job>-<pid>` in `dir` that this user's earlier runs left when
+/// they were killed (their pid is gone). Other users' files and live runs' are not touched.
+fn remove_stale_ledgers(dir: &Path) {
+    use std::os::unix::fs::MetadataExt;
+    let uid = nix::unistd::getuid().as_raw();
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.filter_map(Result::ok) {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name
+            .strip_prefix("gpuvisor-")
+            .and_then(|rest| rest.rsplit_once('-'))
+            .and_then(|(_, pid)| pid.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let ours = entry
+            .metadata()
+            .is_ok_and(|meta| meta.is_file() && meta.uid() == uid);
+        if ours && !Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
 }
 
 /// `--ready NAME=WHEN` flags, checked against the job's processes.
