@@ -109,7 +109,11 @@ pub fn simulate(spec: &str) -> Result<Inventory, SimulateError> {
     let fail = |reason: String| SimulateError {
         spec: spec.to_string(),
         reason,
-        models: SIM_MODELS.iter().map(|(name, ..)| *name).collect::<Vec<_>>().join(", "),
+        models: SIM_MODELS
+            .iter()
+            .map(|(name, ..)| *name)
+            .collect::<Vec<_>>()
+            .join(", "),
     };
     let mut gpus = Vec::new();
     for item in spec.split(',').map(str::trim) {
@@ -118,18 +122,27 @@ pub fn simulate(spec: &str) -> Result<Inventory, SimulateError> {
         }
         let (device, used) = match item.split_once(':') {
             Some((device, options)) => {
-                let used = options
-                    .strip_prefix("used=")
-                    .ok_or_else(|| fail(format!("unknown option `{options}` (only `used=SIZE`)")))?;
-                (device, Some(parse_size(used).map_err(|error| fail(error.to_string()))?))
+                let used = options.strip_prefix("used=").ok_or_else(|| {
+                    fail(format!("unknown option `{options}` (only `used=SIZE`)"))
+                })?;
+                (
+                    device,
+                    Some(parse_size(used).map_err(|error| fail(error.to_string()))?),
+                )
             }
             None => (item, None),
         };
         let (count, model) = match device.split_once(['x', 'X']) {
-            Some((count, model)) if !count.is_empty() && count.chars().all(|c| c.is_ascii_digit()) => {
-                let count: u32 = count.parse().map_err(|_| fail(format!("bad count `{count}`")))?;
+            Some((count, model))
+                if !count.is_empty() && count.chars().all(|c| c.is_ascii_digit()) =>
+            {
+                let count: u32 = count
+                    .parse()
+                    .map_err(|_| fail(format!("bad count `{count}`")))?;
                 if count == 0 || count > 64 {
-                    return Err(fail(format!("a count of {count} devices (1 to 64 are allowed)")));
+                    return Err(fail(format!(
+                        "a count of {count} devices (1 to 64 are allowed)"
+                    )));
                 }
                 (count, model)
             }
@@ -139,9 +152,19 @@ pub fn simulate(spec: &str) -> Result<Inventory, SimulateError> {
         let (name, total_bytes) = match SIM_MODELS.iter().find(|(key, ..)| *key == lower) {
             Some((_, name, total)) => (name.to_string(), *total),
             None => {
-                let total = parse_size(model).map_err(|error| fail(format!("`{model}` is neither a known model nor a size ({error})")))?;
+                let total = parse_size(model).map_err(|error| match nearest_model(&lower) {
+                    Some(near) => fail(format!(
+                        "`{model}` is not a known model; did you mean `{near}`?"
+                    )),
+                    None => fail(format!(
+                        "`{model}` is neither a known model nor a size ({error})"
+                    )),
+                })?;
                 if total < GIB {
-                    return Err(fail(format!("a device of {} (at least 1 GiB)", ByteSize(total))));
+                    return Err(fail(format!(
+                        "a device of {} (at least 1 GiB)",
+                        ByteSize(total)
+                    )));
                 }
                 (format!("Simulated GPU {}", ByteSize(total)), total)
             }
@@ -150,7 +173,11 @@ pub fn simulate(spec: &str) -> Result<Inventory, SimulateError> {
             let index = gpus.len() as u32;
             let used_bytes = used.unwrap_or(0).min(total_bytes);
             let processes = match used {
-                Some(used) => vec![GpuProcess { pid: 4242 + index, used_bytes: Some(used.min(total_bytes)), name: Some("foreign".to_string()) }],
+                Some(used) => vec![GpuProcess {
+                    pid: 4242 + index,
+                    used_bytes: Some(used.min(total_bytes)),
+                    name: Some("foreign".to_string()),
+                }],
                 None => Vec::new(),
             };
             gpus.push(Gpu {
@@ -167,7 +194,21 @@ pub fn simulate(spec: &str) -> Result<Inventory, SimulateError> {
     if gpus.len() > 64 {
         return Err(fail(format!("{} devices (at most 64)", gpus.len())));
     }
-    Ok(Inventory { source: InventorySource::Simulated(spec.to_string()), driver_version: None, gpus })
+    Ok(Inventory {
+        source: InventorySource::Simulated(spec.to_string()),
+        driver_version: None,
+        gpus,
+    })
+}
+
+/// The known model closest to `name`, if it is close enough to be a typo.
+fn nearest_model(name: &str) -> Option<&'static str> {
+    SIM_MODELS
+        .iter()
+        .map(|(model, ..)| (strsim::levenshtein(name, model), *model))
+        .filter(|(distance, model)| *distance <= 2 && *distance < model.len())
+        .min()
+        .map(|(_, model)| model)
 }
 
 impl Inventory {
@@ -199,12 +240,23 @@ mod tests {
         assert_eq!(inventory.gpus[0].name, "NVIDIA H100 80GB HBM3");
         assert_eq!(inventory.gpus[1].used_bytes(), 10 * GIB);
         assert_eq!(inventory.gpus[1].processes[0].pid, 4243);
-        assert_eq!(inventory.sim_env_value(), format!("{},{}:{}", 81_559 * MIB, 40_960 * MIB, 10 * GIB));
+        assert_eq!(
+            inventory.sim_env_value(),
+            format!("{},{}:{}", 81_559 * MIB, 40_960 * MIB, 10 * GIB)
+        );
     }
 
     #[test]
     fn refuses_bad_specs() {
-        for spec in ["", "0x80GiB", "h900", "2x", "80GiB:free=2GiB", "512MiB", "65x80GiB"] {
+        for spec in [
+            "",
+            "0x80GiB",
+            "h900",
+            "2x",
+            "80GiB:free=2GiB",
+            "512MiB",
+            "65x80GiB",
+        ] {
             assert!(simulate(spec).is_err(), "{spec} should be refused");
         }
     }

@@ -24,7 +24,7 @@ use std::path::PathBuf;
 use serde::Serialize;
 
 use crate::inventory::Inventory;
-use crate::spec::{Diagnostic, DeviceKind, Enforcement, Framework, JobSpec};
+use crate::spec::{DeviceKind, Diagnostic, Enforcement, Framework, JobSpec};
 
 /// The smallest budget a `rest` share may leave a process; below it the plan is refused.
 pub const MIN_REST_BUDGET_BYTES: u64 = 256 << 20;
@@ -142,5 +142,8 @@ pub enum PlanError {
 /// Deterministic: the same input gives the same plan.
 pub fn plan(job: &JobSpec, inventory: &Inventory) -> Result<Plan, PlanError> {
     let _ = (job, inventory);
-    Err(PlanError::Infeasible { message: "the planner is not written yet".into(), hint: "wait".into() })
+    Err(PlanError::Infeasible {
+        message: "the planner is not written yet".into(),
+        hint: "wait".into(),
+    })
 }

@@ -26,7 +26,12 @@ impl Span {
         let line = before.matches('\n').count() + 1;
         let line_start = before.rfind('\n').map_or(0, |at| at + 1);
         let col = source[line_start..start].chars().count() + 1;
-        Span { line, col, start, end: end.max(start).min(source.len()) }
+        Span {
+            line,
+            col,
+            start,
+            end: end.max(start).min(source.len()),
+        }
     }
 }
 
@@ -55,14 +60,34 @@ pub struct Diagnostic {
 
 impl Diagnostic {
     /// A diagnostic at `span` of `source` (the text of the file at `path`).
-    pub fn at(path: impl Into<PathBuf>, source: &str, span: Span, message: impl Into<String>) -> Self {
-        let source_line = source.lines().nth(span.line.saturating_sub(1)).map(str::to_string);
-        Diagnostic { path: path.into(), span: Some(span), source_line, message: message.into(), hint: None }
+    pub fn at(
+        path: impl Into<PathBuf>,
+        source: &str,
+        span: Span,
+        message: impl Into<String>,
+    ) -> Self {
+        let source_line = source
+            .lines()
+            .nth(span.line.saturating_sub(1))
+            .map(str::to_string);
+        Diagnostic {
+            path: path.into(),
+            span: Some(span),
+            source_line,
+            message: message.into(),
+            hint: None,
+        }
     }
 
     /// A diagnostic about the whole file.
     pub fn whole_file(path: impl Into<PathBuf>, message: impl Into<String>) -> Self {
-        Diagnostic { path: path.into(), span: None, source_line: None, message: message.into(), hint: None }
+        Diagnostic {
+            path: path.into(),
+            span: None,
+            source_line: None,
+            message: message.into(),
+            hint: None,
+        }
     }
 
     /// The same diagnostic with a hint.
@@ -84,7 +109,12 @@ impl fmt::Display for Diagnostic {
             let pad = " ".repeat(number.len());
             let width = line[..].chars().count().saturating_sub(span.col - 1);
             let marker_len = self.marker_len(span).clamp(1, width.max(1));
-            write!(f, "\n  {number} | {line}\n  {pad} | {}{}", " ".repeat(span.col - 1), "^".repeat(marker_len))?;
+            write!(
+                f,
+                "\n  {number} | {line}\n  {pad} | {}{}",
+                " ".repeat(span.col - 1),
+                "^".repeat(marker_len)
+            )?;
         }
         if let Some(hint) = &self.hint {
             write!(f, "\n  hint: {hint}")?;

@@ -243,7 +243,10 @@ pub struct StopSpec {
 
 impl Default for StopSpec {
     fn default() -> Self {
-        StopSpec { signal: "SIGINT".to_string(), grace_ms: 10_000 }
+        StopSpec {
+            signal: "SIGINT".to_string(),
+            grace_ms: 10_000,
+        }
     }
 }
 

@@ -1,0 +1,68 @@
+//! The command line, as clap types. Help text comes from these doc comments.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+/// Share NVIDIA GPUs between processes without out-of-memory crashes: plan per-process
+/// memory budgets, start each process with the right settings for its framework, enforce the
+/// budgets, and show who holds what.
+#[derive(Debug, Parser)]
+#[command(
+    name = "gpuvisor",
+    version,
+    propagate_version = true,
+    max_term_width = 100
+)]
+pub struct Cli {
+    /// The command to run.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// gpuvisor's commands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Show the plan for a job file: which GPU each process gets, its budget and its
+    /// environment. Starts nothing.
+    Plan(PlanArgs),
+    /// List the GPUs of this machine (or a simulated set) with memory and the processes
+    /// already holding it.
+    Gpus(GpusArgs),
+}
+
+/// Where GPU information comes from.
+#[derive(Debug, Args)]
+pub struct InventoryArgs {
+    /// Use simulated GPUs instead of the real ones, e.g. `2x80GiB`, `h100,h100`,
+    /// `a100-40gb:used=10GiB`. Also read from $GPUVISOR_SIMULATE.
+    #[arg(long, value_name = "SPEC", env = "GPUVISOR_SIMULATE")]
+    pub simulate: Option<String>,
+}
+
+/// Arguments of `gpuvisor plan`.
+#[derive(Debug, Args)]
+pub struct PlanArgs {
+    /// The job file (TOML).
+    pub job: PathBuf,
+    /// Print the plan as JSON (with every replica's environment).
+    #[arg(long, conflicts_with = "env")]
+    pub json: bool,
+    /// Print `export` lines for one replica, e.g. `learner` or `actor[2]`, to source by hand.
+    #[arg(long, value_name = "PROCESS[REPLICA]")]
+    pub env: Option<String>,
+    /// GPU source.
+    #[command(flatten)]
+    pub inventory: InventoryArgs,
+}
+
+/// Arguments of `gpuvisor gpus`.
+#[derive(Debug, Args)]
+pub struct GpusArgs {
+    /// Print as JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// GPU source.
+    #[command(flatten)]
+    pub inventory: InventoryArgs,
+}

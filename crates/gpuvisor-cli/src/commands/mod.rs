@@ -1,0 +1,17 @@
+//! One module per command; [`run`] dispatches.
+
+mod gpus;
+mod plan;
+
+use std::process::ExitCode;
+
+use crate::cli::{Cli, Command};
+use crate::failure::Failure;
+
+/// Runs the command the user asked for.
+pub fn run(cli: Cli) -> Result<ExitCode, Failure> {
+    match cli.command {
+        Command::Plan(args) => plan::run(args),
+        Command::Gpus(args) => gpus::run(args),
+    }
+}

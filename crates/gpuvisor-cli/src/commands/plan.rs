@@ -1,0 +1,271 @@
+//! `gpuvisor plan`: the plan for a job file, as tables, JSON, or `export` lines.
+
+use std::process::ExitCode;
+
+use gpuvisor_core::env::{enforcement_caveat, replica_env, shell_exports, EnvVar};
+use gpuvisor_core::plan::{plan, Plan, PlanError, PlannedReplica};
+use gpuvisor_core::size::ByteSize;
+use gpuvisor_core::spec::{read_job_file, DeviceKind, Enforcement};
+use serde::Serialize;
+
+use crate::cli::PlanArgs;
+use crate::failure::Failure;
+use crate::inventory::load_inventory;
+use crate::table::Table;
+
+/// Plans the job and prints the result in the form asked for.
+pub fn run(args: PlanArgs) -> Result<ExitCode, Failure> {
+    let job = read_job_file(&args.job).map_err(Failure::bad_input)?;
+    let inventory = load_inventory(args.inventory.simulate.as_deref())?;
+    let plan = plan(&job, &inventory).map_err(|error| match error {
+        PlanError::Infeasible { .. } => Failure::bad_input(error),
+        PlanError::Spec(diagnostic) => Failure::bad_input(diagnostic),
+    })?;
+    if let Some(selector) = &args.env {
+        let replica = find_replica(&plan, selector)?;
+        print!(
+            "# gpuvisor plan {}: environment of {}\n{}",
+            args.job.display(),
+            replica.label(),
+            shell_exports(&replica_env(plan.enforcement, replica))
+        );
+    } else if args.json {
+        let json =
+            serde_json::to_string_pretty(&JsonPlan::new(&plan)).map_err(Failure::unavailable)?;
+        println!("{json}");
+    } else {
+        print!("{}", render(&plan));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The replica named by `learner` or `actor[2]`.
+fn find_replica<'plan>(
+    plan: &'plan Plan,
+    selector: &str,
+) -> Result<&'plan PlannedReplica, Failure> {
+    let (name, index) = match selector
+        .strip_suffix(']')
+        .and_then(|rest| rest.split_once('['))
+    {
+        Some((name, index)) => {
+            let index: u32 = index.parse().map_err(|_| {
+                Failure::bad_input(format!("`{selector}`: the replica number `{index}` is not a number\n  hint: write PROCESS or PROCESS[N], e.g. actor[0]"))
+            })?;
+            (name, Some(index))
+        }
+        None => (selector, None),
+    };
+    let replicas: Vec<&PlannedReplica> = plan
+        .replicas
+        .iter()
+        .filter(|replica| replica.process == name)
+        .collect();
+    if replicas.is_empty() {
+        let names: Vec<&str> = plan
+            .replicas
+            .iter()
+            .filter(|replica| replica.replica == 0)
+            .map(|replica| replica.process.as_str())
+            .collect();
+        return Err(Failure::bad_input(format!(
+            "no process `{name}` in job {}\n  hint: processes are: {}",
+            plan.job,
+            names.join(", ")
+        )));
+    }
+    let count = replicas.len();
+    match index {
+        None if count == 1 => Ok(replicas[0]),
+        None => Err(Failure::bad_input(format!("`{name}` has {count} replicas\n  hint: name one of them, {name}[0] to {name}[{}]", count - 1))),
+        Some(index) => replicas.into_iter().find(|replica| replica.replica == index).ok_or_else(|| {
+            Failure::bad_input(format!("`{name}` has no replica {index}\n  hint: its replicas are {name}[0] to {name}[{}]", count - 1))
+        }),
+    }
+}
+
+/// The human rendering: a table per GPU, CPU-only processes, warnings.
+pub fn render(plan: &Plan) -> String {
+    let enforcement = match plan.enforcement {
+        Enforcement::Shim => "budgets enforced by the gpuvisor shim",
+        Enforcement::Framework => "framework settings only: nothing enforces the budgets",
+    };
+    let on_gpu = plan
+        .replicas
+        .iter()
+        .filter(|replica| replica.device == DeviceKind::Gpu)
+        .count();
+    let mut out = format!(
+        "job {}: {} replica{} on {} GPU{}, {} CPU-only ({enforcement})\n",
+        plan.job,
+        on_gpu,
+        plural(on_gpu),
+        plan.gpus.len(),
+        plural(plan.gpus.len()),
+        plan.replicas.len() - on_gpu,
+    );
+    for gpu in &plan.gpus {
+        out.push_str(&format!(
+            "\nGPU {}  {}  {}\n",
+            gpu.index, gpu.name, gpu.uuid
+        ));
+        out.push_str(&format!(
+            "  usable {} = {} total - {} reserve - {} held by others\n",
+            ByteSize(gpu.usable_bytes),
+            ByteSize(gpu.total_bytes),
+            ByteSize(gpu.reserve_bytes),
+            ByteSize(gpu.foreign_bytes),
+        ));
+        let here: Vec<&PlannedReplica> = plan
+            .replicas
+            .iter()
+            .filter(|replica| replica.gpus.iter().any(|device| device.index == gpu.index))
+            .collect();
+        if here.is_empty() {
+            out.push_str("  (nothing placed here)\n");
+            continue;
+        }
+        let mut table = Table::new(&[
+            "PROCESS",
+            "FRAMEWORK",
+            "BUDGET",
+            "+CONTEXT",
+            "SHARE",
+            "ENVIRONMENT",
+        ]);
+        for replica in here {
+            let share = if gpu.usable_bytes == 0 {
+                0.0
+            } else {
+                100.0 * replica.footprint_bytes as f64 / gpu.usable_bytes as f64
+            };
+            let mut label = replica.label();
+            if replica.gpus.len() > 1 {
+                label.push_str(&format!(
+                    " (GPUs {})",
+                    replica
+                        .gpus
+                        .iter()
+                        .map(|device| device.index.to_string())
+                        .collect::<Vec<_>>()
+                        .join(",")
+                ));
+            }
+            table.row(vec![
+                label,
+                replica.framework.as_str().to_string(),
+                ByteSize(replica.budget_bytes).to_string(),
+                ByteSize(replica.footprint_bytes - replica.budget_bytes).to_string(),
+                format!("{share:.1}%"),
+                key_env(plan.enforcement, replica),
+            ]);
+        }
+        out.push_str(&table.render("  "));
+        out.push_str(&format!(
+            "  committed {} of {}, {} left\n",
+            ByteSize(gpu.committed_bytes),
+            ByteSize(gpu.usable_bytes),
+            ByteSize(gpu.usable_bytes.saturating_sub(gpu.committed_bytes)),
+        ));
+    }
+    let cpu_only: Vec<&PlannedReplica> = plan
+        .replicas
+        .iter()
+        .filter(|replica| replica.device == DeviceKind::Cpu)
+        .collect();
+    if !cpu_only.is_empty() {
+        out.push_str("\nCPU-only (kept off every GPU)\n");
+        let mut table = Table::new(&["PROCESS", "FRAMEWORK", "ENVIRONMENT"]);
+        for replica in cpu_only {
+            table.row(vec![
+                replica.label(),
+                replica.framework.as_str().to_string(),
+                key_env(plan.enforcement, replica),
+            ]);
+        }
+        out.push_str(&table.render("  "));
+    }
+    let caveats: Vec<String> = plan
+        .replicas
+        .iter()
+        .filter(|replica| replica.replica == 0)
+        .filter_map(|replica| {
+            enforcement_caveat(plan.enforcement, replica)
+                .map(|caveat| format!("{}: {caveat}", replica.process))
+        })
+        .collect();
+    if !plan.warnings.is_empty() || !caveats.is_empty() {
+        out.push_str("\nwarnings:\n");
+        for warning in plan.warnings.iter().chain(&caveats) {
+            out.push_str(&format!("  - {warning}\n"));
+        }
+    }
+    out
+}
+
+/// The variables that tell this replica's story, for the table: the framework's own settings
+/// (device selection and gpuvisor's informational variables are implied by the row).
+fn key_env(enforcement: Enforcement, replica: &PlannedReplica) -> String {
+    replica_env(enforcement, replica)
+        .into_iter()
+        .filter(|var| {
+            !var.name.starts_with("GPUVISOR_")
+                && !matches!(
+                    var.name.as_str(),
+                    "CUDA_DEVICE_ORDER" | "CUDA_MODULE_LOADING"
+                )
+        })
+        .filter(|var| !(replica.device == DeviceKind::Gpu && var.name == "CUDA_VISIBLE_DEVICES"))
+        .filter(|var| var.why != "from the job file")
+        .filter_map(|var| {
+            var.value.map(|value| {
+                format!(
+                    "{}={}",
+                    var.name,
+                    if value.is_empty() {
+                        "''".to_string()
+                    } else {
+                        value
+                    }
+                )
+            })
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn plural(count: usize) -> &'static str {
+    if count == 1 {
+        ""
+    } else {
+        "s"
+    }
+}
+
+/// `plan --json`: the plan plus every replica's environment.
+#[derive(Serialize)]
+struct JsonPlan<'plan> {
+    #[serde(flatten)]
+    plan: &'plan Plan,
+    env: Vec<JsonReplicaEnv>,
+}
+
+#[derive(Serialize)]
+struct JsonReplicaEnv {
+    replica: String,
+    vars: Vec<EnvVar>,
+}
+
+impl<'plan> JsonPlan<'plan> {
+    fn new(plan: &'plan Plan) -> Self {
+        let env = plan
+            .replicas
+            .iter()
+            .map(|replica| JsonReplicaEnv {
+                replica: replica.label(),
+                vars: replica_env(plan.enforcement, replica),
+            })
+            .collect();
+        JsonPlan { plan, env }
+    }
+}

@@ -1,0 +1,58 @@
+//! Helpers shared by the CLI's integration tests: run the built `gpuvisor` binary and capture
+//! what it prints, with temporary paths redacted for snapshots.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// The outcome of one `gpuvisor` run.
+#[derive(Debug)]
+pub struct Run {
+    /// Exit status code (None if killed by a signal).
+    pub code: Option<i32>,
+    /// Standard output.
+    pub stdout: String,
+    /// Standard error.
+    pub stderr: String,
+}
+
+impl From<Output> for Run {
+    fn from(output: Output) -> Self {
+        Run {
+            code: output.status.code(),
+            stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+        }
+    }
+}
+
+/// A `gpuvisor` command with a clean environment: no inherited GPUVISOR_*/CUDA_* settings.
+pub fn gpuvisor() -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_gpuvisor"));
+    for (name, _) in std::env::vars() {
+        if name.starts_with("GPUVISOR_") || name.starts_with("CUDA_") || name == "LD_PRELOAD" {
+            command.env_remove(name);
+        }
+    }
+    command.current_dir(repo_root());
+    command
+}
+
+/// Runs `gpuvisor ARGS...` from the repository root.
+pub fn run(args: &[&str]) -> Run {
+    gpuvisor().args(args).output().expect("run gpuvisor").into()
+}
+
+/// The repository root (where `examples/` lives).
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .expect("repository root")
+}
+
+/// Replaces `path` in `text` with `[TEMP]`, for snapshots of output that names temp files.
+pub fn redact(text: &str, path: &Path) -> String {
+    text.replace(&path.display().to_string(), "[TEMP]")
+}
