@@ -1,5 +1,6 @@
 //! One module per command; [`run`] dispatches.
 
+mod exec;
 mod gpus;
 mod plan;
 
@@ -13,5 +14,6 @@ pub fn run(cli: Cli) -> Result<ExitCode, Failure> {
     match cli.command {
         Command::Plan(args) => plan::run(args),
         Command::Gpus(args) => gpus::run(args),
+        Command::Exec(args) => exec::run(args),
     }
 }
