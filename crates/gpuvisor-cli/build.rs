@@ -17,23 +17,51 @@ fn main() {
     let crates = manifest.parent().expect("crates directory").to_path_buf();
     let out = PathBuf::from(std::env::var("OUT_DIR").expect("OUT_DIR"));
     for name in ["gpuvisor-ledger", "gpuvisor-shim", "gpuvisor-sim"] {
-        println!("cargo:rerun-if-changed={}", crates.join(name).join("src").display());
+        println!(
+            "cargo:rerun-if-changed={}",
+            crates.join(name).join("src").display()
+        );
     }
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-changed=src/sha256.rs");
 
     let ledger = out.join("libgpuvisor_ledger.rlib");
-    rustc(&crates.join("gpuvisor-ledger/src/lib.rs"), "gpuvisor_ledger", "rlib", &ledger, &[]);
+    rustc(
+        &crates.join("gpuvisor-ledger/src/lib.rs"),
+        "gpuvisor_ledger",
+        "rlib",
+        &ledger,
+        &[],
+    );
     let shim = out.join("libgpuvisor_shim.so");
     let extern_ledger = format!("gpuvisor_ledger={}", ledger.display());
-    rustc(&crates.join("gpuvisor-shim/src/lib.rs"), "gpuvisor_shim", "cdylib", &shim, &["--extern", &extern_ledger]);
+    rustc(
+        &crates.join("gpuvisor-shim/src/lib.rs"),
+        "gpuvisor_shim",
+        "cdylib",
+        &shim,
+        &["--extern", &extern_ledger],
+    );
     let sim = out.join("libcuda.so.1");
-    rustc(&crates.join("gpuvisor-sim/src/lib.rs"), "gpuvisor_sim", "cdylib", &sim, &["-C", "link-arg=-Wl,-soname,libcuda.so.1"]);
+    rustc(
+        &crates.join("gpuvisor-sim/src/lib.rs"),
+        "gpuvisor_sim",
+        "cdylib",
+        &sim,
+        &["-C", "link-arg=-Wl,-soname,libcuda.so.1"],
+    );
 
     for (variable, path) in [("SHIM", &shim), ("SIM", &sim)] {
-        let bytes = std::fs::read(path).unwrap_or_else(|error| panic!("reading {}: {error}", path.display()));
-        println!("cargo:rustc-env=GPUVISOR_EMBEDDED_{variable}_PATH={}", path.display());
-        println!("cargo:rustc-env=GPUVISOR_EMBEDDED_{variable}_SHA256={}", sha256::sha256_hex(&bytes));
+        let bytes = std::fs::read(path)
+            .unwrap_or_else(|error| panic!("reading {}: {error}", path.display()));
+        println!(
+            "cargo:rustc-env=GPUVISOR_EMBEDDED_{variable}_PATH={}",
+            path.display()
+        );
+        println!(
+            "cargo:rustc-env=GPUVISOR_EMBEDDED_{variable}_SHA256={}",
+            sha256::sha256_hex(&bytes)
+        );
     }
 }
 
@@ -43,18 +71,43 @@ fn rustc(root: &Path, crate_name: &str, crate_type: &str, output: &Path, extra: 
     let out_dir = output.parent().expect("output directory");
     let mut command = Command::new(rustc);
     command
-        .args(["--edition", "2021", "--crate-name", crate_name, "--crate-type", crate_type])
-        .args(["-C", "opt-level=3", "-C", "debuginfo=0", "-C", "strip=debuginfo", "--cap-lints", "warn"])
+        .args([
+            "--edition",
+            "2021",
+            "--crate-name",
+            crate_name,
+            "--crate-type",
+            crate_type,
+        ])
+        .args([
+            "-C",
+            "opt-level=3",
+            "-C",
+            "debuginfo=0",
+            "-C",
+            "strip=debuginfo",
+            "--cap-lints",
+            "warn",
+        ])
         .arg("-L")
         .arg(out_dir)
         .arg("-o")
         .arg(output)
         .args(extra)
         .arg(root);
-    let (target, host) = (std::env::var("TARGET").unwrap_or_default(), std::env::var("HOST").unwrap_or_default());
+    let (target, host) = (
+        std::env::var("TARGET").unwrap_or_default(),
+        std::env::var("HOST").unwrap_or_default(),
+    );
     if !target.is_empty() && target != host {
         command.args(["--target", &target]);
     }
-    let status = command.status().unwrap_or_else(|error| panic!("running rustc for {crate_name}: {error}"));
-    assert!(status.success(), "rustc failed to build {crate_name} from {} ({status})", root.display());
+    let status = command
+        .status()
+        .unwrap_or_else(|error| panic!("running rustc for {crate_name}: {error}"));
+    assert!(
+        status.success(),
+        "rustc failed to build {crate_name} from {} ({status})",
+        root.display()
+    );
 }

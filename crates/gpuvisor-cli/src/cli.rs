@@ -32,6 +32,9 @@ pub enum Command {
     /// Run a command under a GPU memory budget: the shim enforces it on the command and every
     /// process it starts; a summary (peak per process, refusals) is printed when it exits.
     Exec(ExecArgs),
+    /// Internal: how `exec` starts its command (unblocks signals, then execs it).
+    #[command(name = "__exec-child", hide = true)]
+    ExecChild(ExecChildArgs),
 }
 
 /// Where GPU information comes from.
@@ -72,7 +75,9 @@ pub struct GpusArgs {
 
 /// Arguments of `gpuvisor exec`.
 #[derive(Debug, Args)]
-#[command(after_help = "Examples:\n  gpuvisor exec --mem-per-process 12GiB -- python parallel.py\n  gpuvisor exec --simulate 1x80GiB --mem 20GiB -- ./train.sh")]
+#[command(
+    after_help = "Examples:\n  gpuvisor exec --mem-per-process 12GiB -- python parallel.py\n  gpuvisor exec --simulate 1x80GiB --mem 20GiB -- ./train.sh"
+)]
 pub struct ExecArgs {
     /// Budget shared by the command and all its descendants, per GPU (e.g. `24GiB`).
     #[arg(long, value_name = "SIZE", conflicts_with = "mem_per_process")]
@@ -99,6 +104,24 @@ pub struct ExecArgs {
     #[command(flatten)]
     pub inventory: InventoryArgs,
     /// The command and its arguments (after `--`).
-    #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true, value_name = "CMD")]
+    #[arg(
+        required = true,
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        value_name = "CMD"
+    )]
+    pub command: Vec<String>,
+}
+
+/// Arguments of the internal `gpuvisor __exec-child`.
+#[derive(Debug, Args)]
+pub struct ExecChildArgs {
+    /// The command and its arguments.
+    #[arg(
+        required = true,
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        value_name = "CMD"
+    )]
     pub command: Vec<String>,
 }

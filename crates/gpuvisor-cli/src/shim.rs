@@ -67,14 +67,22 @@ fn install_in(dir: &Path, with_simulator: bool) -> std::io::Result<Libraries> {
 /// Cache directories to try, best first.
 fn cache_bases() -> Vec<PathBuf> {
     let mut bases = Vec::new();
-    if let Some(xdg) = std::env::var_os("XDG_CACHE_HOME").map(PathBuf::from).filter(|path| path.is_absolute()) {
+    if let Some(xdg) = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .filter(|path| path.is_absolute())
+    {
         bases.push(xdg.join("gpuvisor"));
     }
-    if let Some(home) = std::env::var_os("HOME").map(PathBuf::from).filter(|path| path.is_absolute()) {
+    if let Some(home) = std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .filter(|path| path.is_absolute())
+    {
         bases.push(home.join(".cache").join("gpuvisor"));
     }
     // /proc/self belongs to our effective uid: a per-user name without calling getuid.
-    let uid = fs::metadata("/proc/self").map(|meta| meta.uid()).unwrap_or(0);
+    let uid = fs::metadata("/proc/self")
+        .map(|meta| meta.uid())
+        .unwrap_or(0);
     bases.push(std::env::temp_dir().join(format!("gpuvisor-{uid}")));
     bases
 }
@@ -87,10 +95,22 @@ fn ensure_file(path: &Path, bytes: &[u8], sha256: &str) -> std::io::Result<()> {
     let dir = path.parent().expect("library paths have a directory");
     fs::create_dir_all(dir)?;
     check_private(dir)?;
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |time| time.subsec_nanos());
-    let temporary = dir.join(format!(".{}.{}.{nanos}.tmp", path.file_name().and_then(|name| name.to_str()).unwrap_or("lib"), std::process::id()));
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |time| time.subsec_nanos());
+    let temporary = dir.join(format!(
+        ".{}.{}.{nanos}.tmp",
+        path.file_name()
+            .and_then(|name| name.to_str())
+            .unwrap_or("lib"),
+        std::process::id()
+    ));
     let result = (|| {
-        let mut file = fs::OpenOptions::new().write(true).create_new(true).mode(0o755).open(&temporary)?;
+        let mut file = fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o755)
+            .open(&temporary)?;
         file.write_all(bytes)?;
         file.sync_all()?;
         fs::rename(&temporary, path)
@@ -105,12 +125,20 @@ fn ensure_file(path: &Path, bytes: &[u8], sha256: &str) -> std::io::Result<()> {
 /// every process gpuvisor starts.
 fn check_private(dir: &Path) -> std::io::Result<()> {
     let meta = fs::metadata(dir)?;
-    let own_uid = fs::metadata("/proc/self").map(|meta| meta.uid()).unwrap_or(meta.uid());
+    let own_uid = fs::metadata("/proc/self")
+        .map(|meta| meta.uid())
+        .unwrap_or(meta.uid());
     if meta.uid() != own_uid {
-        return Err(std::io::Error::other(format!("owned by uid {}, not {own_uid}", meta.uid())));
+        return Err(std::io::Error::other(format!(
+            "owned by uid {}, not {own_uid}",
+            meta.uid()
+        )));
     }
     if meta.permissions().mode() & 0o022 != 0 {
-        fs::set_permissions(dir, fs::Permissions::from_mode(meta.permissions().mode() & !0o022))?;
+        fs::set_permissions(
+            dir,
+            fs::Permissions::from_mode(meta.permissions().mode() & !0o022),
+        )?;
     }
     Ok(())
 }
@@ -130,7 +158,10 @@ mod tests {
         fs::write(&path, b"half-writ").unwrap();
         ensure_file(&path, bytes, &sha).unwrap();
         assert_eq!(fs::read(&path).unwrap(), bytes);
-        let leftovers: Vec<_> = fs::read_dir(path.parent().unwrap()).unwrap().map(|entry| entry.unwrap().file_name()).collect();
+        let leftovers: Vec<_> = fs::read_dir(path.parent().unwrap())
+            .unwrap()
+            .map(|entry| entry.unwrap().file_name())
+            .collect();
         assert_eq!(leftovers, ["lib.so"]);
     }
 

@@ -10,7 +10,7 @@ mod signals;
 mod summary;
 
 use std::collections::BTreeMap;
-use std::os::unix::process::ExitStatusExt;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 use std::time::{Duration, Instant};
@@ -18,11 +18,14 @@ use std::time::{Duration, Instant};
 use gpuvisor_core::env::replica_env;
 use gpuvisor_core::inventory::{Inventory, SIM_GPUS_ENV};
 use gpuvisor_core::plan::{PlacedDevice, PlannedReplica};
-use gpuvisor_core::size::{parse_size, ByteSize};
+use gpuvisor_core::size::{parse_size, ByteSize, MIB};
 use gpuvisor_core::spec::{DeviceKind, Enforcement, Framework};
-use gpuvisor_ledger::{DeviceInfo, GroupConfig, Ledger, ENV_CHILDREN_CPU_ONLY, ENV_CPU_ONLY, ENV_GROUP, ENV_LEDGER, ENV_ROOT_PID};
+use gpuvisor_ledger::{
+    DeviceInfo, GroupConfig, Ledger, ENV_CHILDREN_CPU_ONLY, ENV_CPU_ONLY, ENV_GROUP, ENV_LEDGER,
+    ENV_ROOT_PID,
+};
 
-use crate::cli::ExecArgs;
+use crate::cli::{ExecArgs, ExecChildArgs};
 use crate::failure::Failure;
 use crate::inventory::load_inventory;
 use crate::shim;
@@ -46,6 +49,7 @@ enum Budget {
 
 /// Runs `gpuvisor exec`.
 pub fn run(args: ExecArgs) -> Result<ExitCode, Failure> {
+    let _ = signals::block();
     let budget = parse_budget(&args)?;
     let framework = parse_framework(&args.framework)?;
     let simulate = args.inventory.simulate.as_deref();
@@ -55,16 +59,33 @@ pub fn run(args: ExecArgs) -> Result<ExitCode, Failure> {
 
     let ledger_path = runtime_path("ledger");
     let group = group_config(&args, budget, devices.len());
-    let ledger_devices: Vec<DeviceInfo> = devices.iter().map(|gpu| DeviceInfo { uuid: gpu.uuid.clone(), total_bytes: gpu.total_bytes }).collect();
-    let ledger = Ledger::create(&ledger_path, &ledger_devices, &[group]).map_err(|error| Failure::unavailable(format!("cannot create the ledger {}: {error}", ledger_path.display())))?;
+    let ledger_devices: Vec<DeviceInfo> = devices
+        .iter()
+        .map(|gpu| DeviceInfo {
+            uuid: gpu.uuid.clone(),
+            total_bytes: gpu.total_bytes,
+        })
+        .collect();
+    let ledger = Ledger::create(&ledger_path, &ledger_devices, &[group]).map_err(|error| {
+        Failure::unavailable(format!(
+            "cannot create the ledger {}: {error}",
+            ledger_path.display()
+        ))
+    })?;
     let sim_state = simulate.map(|_| runtime_path("sim"));
 
     let replica = exec_replica(&args, framework, budget, &devices);
-    let mut command = Command::new(&args.command[0]);
-    command.args(&args.command[1..]);
+    let trampoline = std::env::current_exe().map_err(|error| {
+        Failure::unavailable(format!("cannot find the gpuvisor executable: {error}"))
+    })?;
+    let mut command = Command::new(trampoline);
+    command.arg("__exec-child").arg("--").args(&args.command);
     apply_env(&mut command, &replica, &libraries, &ledger_path, &args);
     if let (Some(sim_dir), Some(state)) = (&libraries.sim_dir, &sim_state) {
-        command.env("LD_LIBRARY_PATH", prepend_path(sim_dir, std::env::var_os("LD_LIBRARY_PATH")));
+        command.env(
+            "LD_LIBRARY_PATH",
+            prepend_path(sim_dir, std::env::var_os("LD_LIBRARY_PATH")),
+        );
         command.env(SIM_GPUS_ENV, inventory.sim_env_value());
         command.env(SIM_STATE_ENV, state);
     }
@@ -75,19 +96,19 @@ pub fn run(args: ExecArgs) -> Result<ExitCode, Failure> {
             let _ = std::fs::remove_file(state);
         }
     };
-    let _ = signals::block();
     let started = Instant::now();
     let mut child = match command.spawn() {
         Ok(child) => child,
         Err(error) => {
             cleanup(ledger);
-            let hint = if error.kind() == std::io::ErrorKind::NotFound { "check the command's name and PATH" } else { "check that the command is executable" };
-            return Err(Failure::unavailable(format!("cannot start `{}`: {error}\n  hint: {hint}", args.command[0])));
+            return Err(Failure::unavailable(format!(
+                "cannot start gpuvisor's exec trampoline: {error}"
+            )));
         }
     };
     signals::forward_to(child.id());
 
-    let mut monitor = Monitor::default();
+    let mut monitor = Monitor::watching(&ledger_path);
     let status = loop {
         monitor.sample(&ledger);
         match child.try_wait() {
@@ -95,7 +116,10 @@ pub fn run(args: ExecArgs) -> Result<ExitCode, Failure> {
             Ok(None) => std::thread::sleep(SAMPLE_EVERY),
             Err(error) => {
                 cleanup(ledger);
-                return Err(Failure::unavailable(format!("cannot wait for `{}`: {error}", args.command[0])));
+                return Err(Failure::unavailable(format!(
+                    "cannot wait for `{}`: {error}",
+                    args.command[0]
+                )));
             }
         }
     };
@@ -108,18 +132,50 @@ pub fn run(args: ExecArgs) -> Result<ExitCode, Failure> {
         (None, Some(signal)) => (128 + signal, Some(signal)),
         (None, None) => (1, None),
     };
-    let summary = monitor.finish(args.command.clone(), devices.iter().map(|gpu| gpu.index).collect(), exit_status, signal, elapsed);
+    let summary = monitor.finish(
+        args.command.clone(),
+        devices.iter().map(|gpu| gpu.index).collect(),
+        exit_status,
+        signal,
+        elapsed,
+    );
     if args.json {
-        eprintln!("{}", serde_json::to_string(&summary).map_err(Failure::unavailable)?);
+        eprintln!(
+            "{}",
+            serde_json::to_string(&summary).map_err(Failure::unavailable)?
+        );
     } else {
         eprint!("{}", summary.render());
     }
     Ok(ExitCode::from(exit_status.clamp(0, 255) as u8))
 }
 
+/// `gpuvisor __exec-child -- CMD`: unblocks the signals `exec` forwards (blocked in gpuvisor
+/// and inherited), then becomes CMD. Exits 127 / 126 like a shell when CMD cannot be run.
+pub fn run_child(args: ExecChildArgs) -> ExitCode {
+    let _ = signals::unblock();
+    let error = Command::new(&args.command[0])
+        .args(&args.command[1..])
+        .exec();
+    let (code, hint) = match error.kind() {
+        std::io::ErrorKind::NotFound => (127, "check the command's name and PATH"),
+        _ => (126, "check that the command is an executable file"),
+    };
+    eprintln!(
+        "error: cannot start `{}`: {error}\n  hint: {hint}",
+        args.command[0]
+    );
+    ExitCode::from(code)
+}
+
 fn parse_budget(args: &ExecArgs) -> Result<Budget, Failure> {
     let parse = |flag: &str, text: &str| {
-        parse_size(text).map_err(|error| Failure::bad_input(format!("{flag} `{text}` is not a size: {error}\n  hint: write sizes like 12GiB, 800MiB or 12GB")))
+        let bytes = parse_size(text).map_err(|error| Failure::bad_input(format!("{flag} `{text}` is not a size: {error}\n  hint: write sizes like 12GiB, 800MiB or 12GB")))?;
+        if bytes < MIB {
+            // `--mem 3 GiB` (a space) reads as 3 bytes and runs `GiB`: refuse it.
+            return Err(Failure::bad_input(format!("{flag} `{text}` is {}, less than 1 MiB\n  hint: write the unit without a space, e.g. {flag} {text}GiB", ByteSize(bytes))));
+        }
+        Ok(bytes)
     };
     Ok(match (&args.mem, &args.mem_per_process) {
         (Some(mem), None) => Budget::Group(parse("--mem", mem)?),
@@ -130,23 +186,43 @@ fn parse_budget(args: &ExecArgs) -> Result<Budget, Failure> {
 }
 
 fn parse_framework(text: &str) -> Result<Framework, Failure> {
-    Framework::ALL.into_iter().find(|framework| framework.as_str() == text.to_ascii_lowercase()).ok_or_else(|| {
-        let names: Vec<&str> = Framework::ALL.iter().map(|framework| framework.as_str()).collect();
-        Failure::bad_input(format!("--framework `{text}` is not a framework gpuvisor knows\n  hint: use one of {}", names.join(", ")))
-    })
+    Framework::ALL
+        .into_iter()
+        .find(|framework| framework.as_str() == text.to_ascii_lowercase())
+        .ok_or_else(|| {
+            let names: Vec<&str> = Framework::ALL
+                .iter()
+                .map(|framework| framework.as_str())
+                .collect();
+            Failure::bad_input(format!(
+                "--framework `{text}` is not a framework gpuvisor knows\n  hint: use one of {}",
+                names.join(", ")
+            ))
+        })
 }
 
 /// The GPUs named by `--gpu`, checked against the inventory and the budget.
-fn select_gpus(inventory: &Inventory, indices: &[u32], budget: Budget, cpu_only: bool) -> Result<Vec<PlacedDevice>, Failure> {
+fn select_gpus(
+    inventory: &Inventory,
+    indices: &[u32],
+    budget: Budget,
+    cpu_only: bool,
+) -> Result<Vec<PlacedDevice>, Failure> {
     let count = inventory.gpus.len();
     let mut devices: Vec<PlacedDevice> = Vec::new();
     for &index in indices {
         let Some(gpu) = inventory.gpus.iter().find(|gpu| gpu.index == index) else {
-            let range = if count == 0 { "none".to_string() } else { format!("0 to {}", count - 1) };
+            let range = if count == 0 {
+                "none".to_string()
+            } else {
+                format!("0 to {}", count - 1)
+            };
             return Err(Failure::bad_input(format!("--gpu {index} does not exist: this machine has {count} GPU(s) ({range})\n  hint: pick a GPU listed by `gpuvisor gpus`")));
         };
         if devices.iter().any(|device| device.index == index) {
-            return Err(Failure::bad_input(format!("--gpu {index} is named twice\n  hint: list each GPU once")));
+            return Err(Failure::bad_input(format!(
+                "--gpu {index} is named twice\n  hint: list each GPU once"
+            )));
         }
         if let Budget::Group(bytes) | Budget::PerProcess(bytes) = budget {
             if bytes > gpu.total_bytes && !cpu_only {
@@ -158,7 +234,11 @@ fn select_gpus(inventory: &Inventory, indices: &[u32], budget: Budget, cpu_only:
                 )));
             }
         }
-        devices.push(PlacedDevice { index, uuid: gpu.uuid.clone(), total_bytes: gpu.total_bytes });
+        devices.push(PlacedDevice {
+            index,
+            uuid: gpu.uuid.clone(),
+            total_bytes: gpu.total_bytes,
+        });
     }
     Ok(devices)
 }
@@ -177,10 +257,19 @@ fn group_config(args: &ExecArgs, budget: Budget, device_count: usize) -> GroupCo
 
 /// The command as a planned replica, so it gets exactly the environment a job-file process with
 /// the same settings would.
-fn exec_replica(args: &ExecArgs, framework: Framework, budget: Budget, devices: &[PlacedDevice]) -> PlannedReplica {
+fn exec_replica(
+    args: &ExecArgs,
+    framework: Framework,
+    budget: Budget,
+    devices: &[PlacedDevice],
+) -> PlannedReplica {
     let budget_bytes = match budget {
         Budget::Group(bytes) | Budget::PerProcess(bytes) => bytes,
-        Budget::None => devices.iter().map(|device| device.total_bytes).min().unwrap_or(0),
+        Budget::None => devices
+            .iter()
+            .map(|device| device.total_bytes)
+            .min()
+            .unwrap_or(0),
     };
     let cpu_only = args.cpu_only;
     PlannedReplica {
@@ -188,10 +277,18 @@ fn exec_replica(args: &ExecArgs, framework: Framework, budget: Budget, devices: 
         replica: 0,
         replicas: 1,
         framework,
-        device: if cpu_only { DeviceKind::Cpu } else { DeviceKind::Gpu },
+        device: if cpu_only {
+            DeviceKind::Cpu
+        } else {
+            DeviceKind::Gpu
+        },
         preallocate: true,
         children_cpu_only: args.children_cpu_only,
-        gpus: if cpu_only { Vec::new() } else { devices.to_vec() },
+        gpus: if cpu_only {
+            Vec::new()
+        } else {
+            devices.to_vec()
+        },
         budget_bytes: if cpu_only { 0 } else { budget_bytes },
         footprint_bytes: 0,
         argv: args.command.clone(),
@@ -201,18 +298,30 @@ fn exec_replica(args: &ExecArgs, framework: Framework, budget: Budget, devices: 
     }
 }
 
-fn apply_env(command: &mut Command, replica: &PlannedReplica, libraries: &shim::Libraries, ledger_path: &Path, args: &ExecArgs) {
+fn apply_env(
+    command: &mut Command,
+    replica: &PlannedReplica,
+    libraries: &shim::Libraries,
+    ledger_path: &Path,
+    args: &ExecArgs,
+) {
     for var in replica_env(Enforcement::Shim, replica) {
         match var.value {
             Some(value) => command.env(&var.name, value),
             None => command.env_remove(&var.name),
         };
     }
-    command.env("LD_PRELOAD", prepend_path(&libraries.shim, std::env::var_os("LD_PRELOAD")));
+    command.env(
+        "LD_PRELOAD",
+        prepend_path(&libraries.shim, std::env::var_os("LD_PRELOAD")),
+    );
     command.env(ENV_LEDGER, ledger_path);
     command.env(ENV_GROUP, "0");
     command.env_remove(ENV_ROOT_PID);
-    for (name, on) in [(ENV_CPU_ONLY, args.cpu_only), (ENV_CHILDREN_CPU_ONLY, args.children_cpu_only)] {
+    for (name, on) in [
+        (ENV_CPU_ONLY, args.cpu_only),
+        (ENV_CHILDREN_CPU_ONLY, args.children_cpu_only),
+    ] {
         if on {
             command.env(name, "1");
         } else {
@@ -234,7 +343,16 @@ fn prepend_path(first: &Path, rest: Option<std::ffi::OsString>) -> std::ffi::OsS
 /// A fresh name for a per-run file in /dev/shm (or the temp directory without one).
 fn runtime_path(kind: &str) -> PathBuf {
     let dir = Path::new("/dev/shm");
-    let dir = if dir.is_dir() { dir.to_path_buf() } else { std::env::temp_dir() };
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |time| time.subsec_nanos());
-    dir.join(format!("gpuvisor-exec-{}-{nanos:09}-{kind}", std::process::id()))
+    let dir = if dir.is_dir() {
+        dir.to_path_buf()
+    } else {
+        std::env::temp_dir()
+    };
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |time| time.subsec_nanos());
+    dir.join(format!(
+        "gpuvisor-exec-{}-{nanos:09}-{kind}",
+        std::process::id()
+    ))
 }

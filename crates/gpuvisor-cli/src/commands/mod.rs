@@ -15,5 +15,6 @@ pub fn run(cli: Cli) -> Result<ExitCode, Failure> {
         Command::Plan(args) => plan::run(args),
         Command::Gpus(args) => gpus::run(args),
         Command::Exec(args) => exec::run(args),
+        Command::ExecChild(args) => Ok(exec::run_child(args)),
     }
 }

@@ -17,12 +17,15 @@
  *   alloc-pitch WIDTH HEIGHT
  *   free-last | free-all
  *   touch PATH | wait-file PATH (barriers between processes) | sleep MS
+ *   touch-pid DIR | wait-count DIR N   (barrier for forked children: each creates DIR/<pid>,
+ *                                       then waits until DIR holds N entries)
  *   spawn N              fork N children that run the rest of the script; the parent waits
  *                        and exits 0 only if all of them exited 0
  *   kill-self            raise(SIGKILL)
  * SIZE is bytes or a number with KiB/MiB/GiB. The exit status is 0 unless a command is
  * malformed (64) or a function could not be loaded (65).
  */
+#include <dirent.h>
 #include <dlfcn.h>
 #include <signal.h>
 #include <stdint.h>
@@ -140,6 +143,17 @@ static CUresult release(struct allocation a) {
     return a.kind == VMM_HANDLE ? p_cuMemRelease(a.value) : p_cuMemFree_v2(a.value);
 }
 
+static int count_entries(const char *path) {
+    DIR *dir = opendir(path);
+    int count = 0;
+    if (!dir) return 0;
+    for (struct dirent *entry; (entry = readdir(dir));) {
+        if (entry->d_name[0] != '.') count++;
+    }
+    closedir(dir);
+    return count;
+}
+
 static int run(int argc, char **argv, int start) {
     pid_t pid = getpid();
     for (int i = start; i < argc; i++) {
@@ -222,6 +236,19 @@ static int run(int argc, char **argv, int start) {
             struct timespec pause = {0, 5 * 1000 * 1000};
             for (int tries = 0; stat(path, &info) != 0; tries++) {
                 if (tries > 12000) { fprintf(stderr, "timed out waiting for %s\n", path); return 66; }
+                nanosleep(&pause, 0);
+            }
+        } else if (!strcmp(command, "touch-pid")) {
+            char path[4096];
+            snprintf(path, sizeof path, "%s/%d", need(argc, argv, ++i), (int)pid);
+            FILE *file = fopen(path, "w");
+            if (file) fclose(file);
+        } else if (!strcmp(command, "wait-count")) {
+            const char *path = need(argc, argv, ++i);
+            int wanted = atoi(need(argc, argv, ++i));
+            struct timespec pause = {0, 5 * 1000 * 1000};
+            for (int tries = 0; count_entries(path) < wanted; tries++) {
+                if (tries > 12000) { fprintf(stderr, "timed out waiting for %d entries in %s\n", wanted, path); return 66; }
                 nanosleep(&pause, 0);
             }
         } else if (!strcmp(command, "sleep")) {

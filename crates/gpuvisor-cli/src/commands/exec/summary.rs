@@ -6,6 +6,11 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use gpuvisor_core::size::ByteSize;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+
+use gpuvisor_ledger::layout::MAGIC;
 use gpuvisor_ledger::{EventKind, Ledger, LimitKind};
 use serde::Serialize;
 
@@ -62,11 +67,17 @@ pub struct Summary {
     pub denials: Vec<Denial>,
     /// Denials overwritten in the ledger's event ring before they were read.
     pub events_lost: u64,
+    /// The ledger file was truncated or overwritten during the run (usage after that unknown).
+    pub ledger_damaged: bool,
 }
 
 /// Collects samples of one ledger.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Monitor {
+    /// The ledger file as opened at the start (its inode, even if the path is replaced), and its
+    /// size then; `None` once it was found damaged.
+    file: Option<(File, u64)>,
+    damaged: bool,
     processes: BTreeMap<(i32, u64), ProcessRecord>,
     denials: Vec<Denial>,
     next_event: u64,
@@ -76,22 +87,65 @@ pub struct Monitor {
 /// The command line of `pid`, space-joined, if it is still readable.
 fn command_line(pid: i32) -> Option<String> {
     let raw = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
-    let words: Vec<String> = raw.split(|&byte| byte == 0).filter(|word| !word.is_empty()).map(|word| String::from_utf8_lossy(word).into_owned()).collect();
+    let words: Vec<String> = raw
+        .split(|&byte| byte == 0)
+        .filter(|word| !word.is_empty())
+        .map(|word| String::from_utf8_lossy(word).into_owned())
+        .collect();
     (!words.is_empty()).then(|| words.join(" "))
 }
 
 impl Monitor {
+    /// A monitor of the ledger file at `path` (just created).
+    pub fn watching(path: &Path) -> Monitor {
+        let file = File::open(path).ok().and_then(|file| {
+            let length = file.metadata().ok()?.len();
+            Some((file, length))
+        });
+        Monitor {
+            file,
+            damaged: false,
+            processes: BTreeMap::new(),
+            denials: Vec::new(),
+            next_event: 0,
+            events_lost: 0,
+        }
+    }
+
+    /// Whether the ledger file still has its size and magic. Someone truncating it would make
+    /// reading the mapping fault (SIGBUS), so a damaged ledger is not read again.
+    fn intact(&mut self) -> bool {
+        let Some((file, length)) = &self.file else {
+            return false;
+        };
+        let mut magic = [0u8; 8];
+        let intact = file.metadata().is_ok_and(|meta| meta.len() >= *length)
+            && file.read_exact_at(&mut magic, 0).is_ok()
+            && magic == MAGIC;
+        if !intact {
+            self.file = None;
+            self.damaged = true;
+        }
+        intact
+    }
+
     /// Reads the ledger once and merges what it shows.
     pub fn sample(&mut self, ledger: &Ledger) {
+        if !self.intact() {
+            return;
+        }
         let snapshot = ledger.snapshot();
         for process in snapshot.processes {
-            let record = self.processes.entry((process.pid, process.start_time)).or_insert_with(|| ProcessRecord {
-                pid: process.pid,
-                command: String::new(),
-                peak_bytes: vec![0; process.peak_bytes.len()],
-                denied_count: 0,
-                cpu_only_violation: false,
-            });
+            let record = self
+                .processes
+                .entry((process.pid, process.start_time))
+                .or_insert_with(|| ProcessRecord {
+                    pid: process.pid,
+                    command: String::new(),
+                    peak_bytes: vec![0; process.peak_bytes.len()],
+                    denied_count: 0,
+                    cpu_only_violation: false,
+                });
             if record.command.is_empty() {
                 record.command = command_line(process.pid).unwrap_or_default();
             }
@@ -109,20 +163,42 @@ impl Monitor {
         self.events_lost += batch.lost;
         for event in batch.events {
             match event.kind {
-                EventKind::AllocationDenied { device, size_bytes, used_bytes, limit_bytes, limit_kind } => {
+                EventKind::AllocationDenied {
+                    device,
+                    size_bytes,
+                    used_bytes,
+                    limit_bytes,
+                    limit_kind,
+                } => {
                     let limit = match limit_kind {
                         LimitKind::Process => "process",
                         LimitKind::Group => "group",
                     };
-                    self.denials.push(Denial { pid: event.pid, device, size_bytes, used_bytes, limit_bytes, limit });
+                    self.denials.push(Denial {
+                        pid: event.pid,
+                        device,
+                        size_bytes,
+                        used_bytes,
+                        limit_bytes,
+                        limit,
+                    });
                 }
                 EventKind::CpuOnlyViolation { executable } => {
-                    let known = self.processes.values_mut().find(|record| record.pid == event.pid);
+                    let known = self
+                        .processes
+                        .values_mut()
+                        .find(|record| record.pid == event.pid);
                     match known {
                         Some(record) => record.cpu_only_violation = true,
                         None => {
                             let command = command_line(event.pid).unwrap_or(executable);
-                            let record = ProcessRecord { pid: event.pid, command, peak_bytes: Vec::new(), denied_count: 0, cpu_only_violation: true };
+                            let record = ProcessRecord {
+                                pid: event.pid,
+                                command,
+                                peak_bytes: Vec::new(),
+                                denied_count: 0,
+                                cpu_only_violation: true,
+                            };
                             self.processes.insert((event.pid, 0), record);
                         }
                     }
@@ -132,14 +208,35 @@ impl Monitor {
     }
 
     /// The summary, once the command has exited.
-    pub fn finish(self, command: Vec<String>, gpus: Vec<u32>, exit_status: i32, signal: Option<i32>, elapsed: Duration) -> Summary {
+    pub fn finish(
+        self,
+        command: Vec<String>,
+        gpus: Vec<u32>,
+        exit_status: i32,
+        signal: Option<i32>,
+        elapsed: Duration,
+    ) -> Summary {
         let mut processes: Vec<ProcessRecord> = self.processes.into_values().collect();
         for record in &mut processes {
-            let denied = self.denials.iter().filter(|denial| denial.pid == record.pid).count() as u64;
+            let denied = self
+                .denials
+                .iter()
+                .filter(|denial| denial.pid == record.pid)
+                .count() as u64;
             record.denied_count = record.denied_count.max(denied);
         }
         processes.sort_by_key(|record| record.pid);
-        Summary { command, exit_status, signal, seconds: elapsed.as_secs_f64(), gpus, processes, denials: self.denials, events_lost: self.events_lost }
+        Summary {
+            command,
+            exit_status,
+            signal,
+            seconds: elapsed.as_secs_f64(),
+            gpus,
+            processes,
+            denials: self.denials,
+            events_lost: self.events_lost,
+            ledger_damaged: self.damaged,
+        }
     }
 }
 
@@ -147,22 +244,50 @@ impl Summary {
     /// The human summary (for stderr).
     pub fn render(&self) -> String {
         let status = match self.signal {
-            Some(signal) => format!("was killed by signal {signal} (exit status {})", self.exit_status),
+            Some(signal) => format!(
+                "was killed by signal {signal} (exit status {})",
+                self.exit_status
+            ),
             None => format!("exited with status {}", self.exit_status),
         };
-        let mut out = format!("gpuvisor: `{}` {status} after {:.1} s\n", self.command.join(" "), self.seconds);
-        let gpu_processes: Vec<&ProcessRecord> = self.processes.iter().filter(|record| !record.cpu_only_violation || record.peak_bytes.iter().any(|&bytes| bytes > 0)).collect();
+        let mut out = format!(
+            "gpuvisor: `{}` {status} after {:.1} s\n",
+            self.command.join(" "),
+            self.seconds
+        );
+        let gpu_processes: Vec<&ProcessRecord> = self
+            .processes
+            .iter()
+            .filter(|record| {
+                !record.cpu_only_violation || record.peak_bytes.iter().any(|&bytes| bytes > 0)
+            })
+            .collect();
         if gpu_processes.is_empty() {
             out.push_str("  no process used a GPU\n");
         } else {
             let peak_header = match self.gpus.as_slice() {
                 [gpu] => format!("PEAK (GPU {gpu})"),
-                gpus => format!("PEAK (GPUs {})", gpus.iter().map(u32::to_string).collect::<Vec<_>>().join(",")),
+                gpus => format!(
+                    "PEAK (GPUs {})",
+                    gpus.iter()
+                        .map(u32::to_string)
+                        .collect::<Vec<_>>()
+                        .join(",")
+                ),
             };
             let mut table = Table::new(&["PID", &peak_header, "DENIED", "COMMAND"]);
             for record in gpu_processes {
-                let peaks: Vec<String> = record.peak_bytes.iter().map(|bytes| ByteSize(*bytes).to_string()).collect();
-                table.row(vec![record.pid.to_string(), peaks.join(", "), record.denied_count.to_string(), record.command.clone()]);
+                let peaks: Vec<String> = record
+                    .peak_bytes
+                    .iter()
+                    .map(|bytes| ByteSize(*bytes).to_string())
+                    .collect();
+                table.row(vec![
+                    record.pid.to_string(),
+                    peaks.join(", "),
+                    record.denied_count.to_string(),
+                    record.command.clone(),
+                ]);
             }
             out.push_str(&table.render("  "));
         }
@@ -173,7 +298,10 @@ impl Summary {
                     "    pid {}: {} refused on GPU {} ({} in use of a {} {} limit)\n",
                     denial.pid,
                     ByteSize(denial.size_bytes),
-                    self.gpus.get(denial.device as usize).copied().unwrap_or(denial.device),
+                    self.gpus
+                        .get(denial.device as usize)
+                        .copied()
+                        .unwrap_or(denial.device),
                     ByteSize(denial.used_bytes),
                     ByteSize(denial.limit_bytes),
                     denial.limit
@@ -183,15 +311,28 @@ impl Summary {
                 out.push_str(&format!("    ... and {} more\n", self.denials.len() - 10));
             }
         }
-        let violators: Vec<&ProcessRecord> = self.processes.iter().filter(|record| record.cpu_only_violation).collect();
+        let violators: Vec<&ProcessRecord> = self
+            .processes
+            .iter()
+            .filter(|record| record.cpu_only_violation)
+            .collect();
         if !violators.is_empty() {
-            out.push_str(&format!("  CPU-only violations: {} process(es) tried to use CUDA and were refused\n", violators.len()));
+            out.push_str(&format!(
+                "  CPU-only violations: {} process(es) tried to use CUDA and were refused\n",
+                violators.len()
+            ));
             for record in violators {
                 out.push_str(&format!("    pid {}: {}\n", record.pid, record.command));
             }
         }
+        if self.ledger_damaged {
+            out.push_str("  the ledger file was truncated or overwritten during the run: usage after that is unknown, and the shim let every call through\n");
+        }
         if self.events_lost > 0 {
-            out.push_str(&format!("  ({} events were lost: the ledger's event ring overflowed)\n", self.events_lost));
+            out.push_str(&format!(
+                "  ({} events were lost: the ledger's event ring overflowed)\n",
+                self.events_lost
+            ));
         }
         out
     }
