@@ -109,10 +109,15 @@ impl fmt::Display for Diagnostic {
             let pad = " ".repeat(number.len());
             let width = line[..].chars().count().saturating_sub(span.col - 1);
             let marker_len = self.marker_len(span).clamp(1, width.max(1));
+            // Keep the line's tabs under the marker so it lines up however tabs are shown.
+            let indent: String = line
+                .chars()
+                .take(span.col - 1)
+                .map(|c| if c == '\t' { '\t' } else { ' ' })
+                .collect();
             write!(
                 f,
-                "\n  {number} | {line}\n  {pad} | {}{}",
-                " ".repeat(span.col - 1),
+                "\n  {number} | {line}\n  {pad} | {indent}{}",
                 "^".repeat(marker_len)
             )?;
         }

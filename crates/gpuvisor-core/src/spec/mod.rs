@@ -7,9 +7,17 @@
 //! [`Span`]s kept in the spec to point back into the file.
 
 mod diagnostic;
+mod graph;
 mod model;
 mod parse;
+mod placeholder;
+mod process;
+mod reader;
+mod restart;
+mod values;
 
 pub use diagnostic::{Diagnostic, Span};
 pub use model::*;
-pub use parse::{parse_job, read_job_file};
+pub use parse::{accepted_keys, parse_job, read_job_file, DEFAULT_CONTEXT_OVERHEAD_BYTES};
+pub use placeholder::{substitute_replica, REPLICA_PLACEHOLDER};
+pub use restart::{parse_duration_ms, DurationError};
