@@ -252,6 +252,14 @@ impl Ledger {
         }
     }
 
+    /// Bytes charged to `group` on `device` right now (one atomic load; 0 if out of range).
+    pub fn group_used_bytes(&self, group: u32, device: usize) -> u64 {
+        if group >= self.group_count || device >= self.device_count as usize {
+            return 0;
+        }
+        self.group(group as usize).used_bytes[device].load(Ordering::Relaxed)
+    }
+
     /// The policy flags of `group` (both false for an unknown group).
     pub fn group_policy(&self, group: u32) -> GroupPolicy {
         if group >= self.group_count {
