@@ -109,6 +109,7 @@ pub fn run(args: ExecArgs) -> Result<ExitCode, Failure> {
     signals::forward_to(child.id());
 
     let mut monitor = Monitor::watching(&ledger_path);
+    monitor.know_command(child.id() as i32, &args.command);
     let status = loop {
         monitor.sample(&ledger);
         match child.try_wait() {

@@ -78,6 +78,8 @@ pub struct Monitor {
     /// size then; `None` once it was found damaged.
     file: Option<(File, u64)>,
     damaged: bool,
+    /// Command lines known without /proc: the direct child's (it may exit between samples).
+    known_commands: BTreeMap<i32, String>,
     processes: BTreeMap<(i32, u64), ProcessRecord>,
     denials: Vec<Denial>,
     next_event: u64,
@@ -105,11 +107,17 @@ impl Monitor {
         Monitor {
             file,
             damaged: false,
+            known_commands: BTreeMap::new(),
             processes: BTreeMap::new(),
             denials: Vec::new(),
             next_event: 0,
             events_lost: 0,
         }
+    }
+
+    /// Records the command line of `pid` (the child gpuvisor started).
+    pub fn know_command(&mut self, pid: i32, command: &[String]) {
+        self.known_commands.insert(pid, command.join(" "));
     }
 
     /// Whether the ledger file still has its size and magic. Someone truncating it would make
@@ -147,7 +155,12 @@ impl Monitor {
                     cpu_only_violation: false,
                 });
             if record.command.is_empty() {
-                record.command = command_line(process.pid).unwrap_or_default();
+                record.command = self
+                    .known_commands
+                    .get(&process.pid)
+                    .cloned()
+                    .or_else(|| command_line(process.pid))
+                    .unwrap_or_default();
             }
             if record.command.is_empty() {
                 record.command = process.name.clone();
@@ -191,7 +204,12 @@ impl Monitor {
                     match known {
                         Some(record) => record.cpu_only_violation = true,
                         None => {
-                            let command = command_line(event.pid).unwrap_or(executable);
+                            let command = self
+                                .known_commands
+                                .get(&event.pid)
+                                .cloned()
+                                .or_else(|| command_line(event.pid))
+                                .unwrap_or(executable);
                             let record = ProcessRecord {
                                 pid: event.pid,
                                 command,
