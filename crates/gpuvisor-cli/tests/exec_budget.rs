@@ -337,6 +337,14 @@ fn children_cpu_only_refuses_the_children_and_lists_them() {
     let mut children: Vec<i64> = theirs.iter().map(|line| line.pid as i64).collect();
     children.sort();
     assert_eq!(violators, children, "{}", run.context());
+    for child in children {
+        let command = run.process(child as i32).unwrap()["command"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        assert!(command.contains("driver-linked"), "a violator is named by its command line or executable path, not a bare name: {command}");
+        assert!(command.contains('/'), "{command}");
+    }
 }
 
 #[test]

@@ -116,12 +116,28 @@ pub fn linked() -> &'static Path {
     &programs()[0].path
 }
 
-/// A directory for one test's barrier files.
-pub fn barrier_dir(name: &str) -> PathBuf {
+/// A directory for one test's barrier files, removed when dropped.
+pub struct Barrier(PathBuf);
+
+impl std::ops::Deref for Barrier {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for Barrier {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A fresh barrier directory for one test.
+pub fn barrier_dir(name: &str) -> Barrier {
     let dir = scratch().join(format!("barrier-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    dir
+    Barrier(dir)
 }
 
 /// One line the client printed: `<pid> <command> [<argument>] rc=<rc> [<values>]`.

@@ -29,6 +29,9 @@ pub struct ProcessRecord {
     pub denied_count: u64,
     /// Tried CUDA while CPU-only.
     pub cpu_only_violation: bool,
+    /// Whether `command` is only the 15-byte process name (its command line was never read).
+    #[serde(skip)]
+    name_only: bool,
 }
 
 /// A refused allocation.
@@ -153,8 +156,9 @@ impl Monitor {
                     peak_bytes: vec![0; process.peak_bytes.len()],
                     denied_count: 0,
                     cpu_only_violation: false,
+                    name_only: false,
                 });
-            if record.command.is_empty() {
+            if record.command.is_empty() || record.name_only {
                 record.command = self
                     .known_commands
                     .get(&process.pid)
@@ -164,6 +168,7 @@ impl Monitor {
             }
             if record.command.is_empty() {
                 record.command = process.name.clone();
+                record.name_only = true;
             }
             for (peak, seen) in record.peak_bytes.iter_mut().zip(&process.peak_bytes) {
                 *peak = (*peak).max(*seen);
@@ -202,7 +207,14 @@ impl Monitor {
                         .values_mut()
                         .find(|record| record.pid == event.pid);
                     match known {
-                        Some(record) => record.cpu_only_violation = true,
+                        Some(record) => {
+                            record.cpu_only_violation = true;
+                            // The executable's path says more than the 15-byte name.
+                            if record.name_only && !executable.is_empty() {
+                                record.command = executable;
+                                record.name_only = false;
+                            }
+                        }
                         None => {
                             let command = self
                                 .known_commands
@@ -216,6 +228,7 @@ impl Monitor {
                                 peak_bytes: Vec::new(),
                                 denied_count: 0,
                                 cpu_only_violation: true,
+                                name_only: false,
                             };
                             self.processes.insert((event.pid, 0), record);
                         }
