@@ -79,7 +79,11 @@ mod tests {
         let long = b"abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq";
         assert_eq!(
             sha256_hex(long),
-            "248d6a61d20638b8e5c026930c3e6037a51e3e7b5ff6b6b7a33a6f8d63cb6b0f"
+            "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1"
+        );
+        assert_eq!(
+            sha256_hex(&vec![b'a'; 1_000_000]),
+            "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0"
         );
     }
 }

@@ -18,7 +18,9 @@ use crate::config::MAX_DEVICES;
 const MAGIC: u64 = u64::from_le_bytes(*b"GVSIMST1");
 /// Processes one state file can track at once.
 pub const SLOTS: usize = 1024;
-/// Header words before the slots (magic + reserved), padded to a cache line.
+/// Header word holding one more than the highest slot ever claimed (bounds every scan).
+const HIGH_WATER: usize = 1;
+/// Header words before the slots (magic, high-water mark, reserved), padded to a cache line.
 const HEADER_WORDS: usize = 8;
 /// Words per slot: the owner pid, then bytes held per device.
 const SLOT_WORDS: usize = 1 + MAX_DEVICES;
@@ -93,6 +95,7 @@ impl Physical {
                 for word in &self.slot(slot)[1..] {
                     word.store(0, Ordering::Release);
                 }
+                self.words[HIGH_WATER].fetch_max(slot as u64 + 1, Ordering::AcqRel);
                 return Some(slot);
             }
         }
@@ -109,11 +112,23 @@ impl Physical {
 
     /// Bytes held on `device` by all live processes.
     pub fn used(&self, device: usize) -> u64 {
-        (0..SLOTS)
+        self.sum(device, true)
+    }
+
+    /// Bytes held on `device` by every claimed slot, dead owners included: an upper bound of
+    /// [`Physical::used`] that needs no system call.
+    fn used_upper_bound(&self, device: usize) -> u64 {
+        self.sum(device, false)
+    }
+
+    fn sum(&self, device: usize, live_only: bool) -> u64 {
+        let own = std::process::id() as u64;
+        let high_water = (self.words[HIGH_WATER].load(Ordering::Acquire) as usize).min(SLOTS);
+        (0..high_water)
             .map(|slot| self.slot(slot))
             .filter(|words| {
                 let owner = words[0].load(Ordering::Acquire);
-                owner != 0 && (owner == std::process::id() as u64 || alive(owner))
+                owner != 0 && (!live_only || owner == own || alive(owner))
             })
             .map(|words| words[1 + device].load(Ordering::Acquire))
             .fold(0u64, u64::saturating_add)
@@ -125,7 +140,8 @@ impl Physical {
         let word = &self.slot(slot)[1 + device];
         word.fetch_add(bytes, Ordering::AcqRel);
         // Charge first, then check: two racing processes may both fail, never both overcommit.
-        if self.used(device) > capacity {
+        // Liveness (a kill and a /proc read per process) is only checked when it matters.
+        if self.used_upper_bound(device) > capacity && self.used(device) > capacity {
             word.fetch_sub(bytes, Ordering::AcqRel);
             return false;
         }
@@ -240,6 +256,9 @@ mod tests {
         let dead = second.claim(2_000_000_000).unwrap();
         assert!(second.reserve(dead, 3, 1 << 20, u64::MAX));
         assert_eq!(first.used(3), 1 << 30);
+        // The dead slot's 1 MiB would overflow 2 GiB only if it were counted.
+        assert!(first.reserve(slot, 3, 1 << 30, 2 << 30));
+        assert!(!first.reserve(slot, 3, 1, 2 << 30));
         std::fs::remove_file(&path).unwrap();
     }
 }

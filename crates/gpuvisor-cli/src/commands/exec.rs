@@ -13,6 +13,7 @@ use std::collections::BTreeMap;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
+use std::sync::mpsc::RecvTimeoutError;
 use std::time::{Duration, Instant};
 
 use gpuvisor_core::env::replica_env;
@@ -110,15 +111,28 @@ pub fn run(args: ExecArgs) -> Result<ExitCode, Failure> {
 
     let mut monitor = Monitor::watching(&ledger_path);
     monitor.know_command(child.id() as i32, &args.command);
+    // A thread waits for the child, so its exit is seen at once, not at the next sample.
+    let child_id = child.id() as i32;
+    let (exited, exit_status) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = exited.send(child.wait());
+    });
     let status = loop {
         monitor.sample(&ledger);
-        match child.try_wait() {
-            Ok(Some(status)) => break status,
-            Ok(None) => std::thread::sleep(SAMPLE_EVERY),
-            Err(error) => {
+        match exit_status.recv_timeout(SAMPLE_EVERY) {
+            Ok(Ok(status)) => break status,
+            Err(RecvTimeoutError::Timeout) => {}
+            Ok(Err(error)) => {
                 cleanup(ledger);
                 return Err(Failure::unavailable(format!(
-                    "cannot wait for `{}`: {error}",
+                    "cannot wait for `{}` (pid {child_id}): {error}",
+                    args.command[0]
+                )));
+            }
+            Err(RecvTimeoutError::Disconnected) => {
+                cleanup(ledger);
+                return Err(Failure::unavailable(format!(
+                    "lost track of `{}` (pid {child_id})",
                     args.command[0]
                 )));
             }

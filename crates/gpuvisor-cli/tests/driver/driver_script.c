@@ -22,6 +22,7 @@
  *   spawn N              fork N children that run the rest of the script; the parent waits
  *                        and exits 0 only if all of them exited 0
  *   kill-self            raise(SIGKILL)
+ *   bench N SIZE         N x (cuMemAlloc_v2 + cuMemFree_v2); prints ns per pair
  * SIZE is bytes or a number with KiB/MiB/GiB. The exit status is 0 unless a command is
  * malformed (64) or a function could not be loaded (65).
  */
@@ -269,7 +270,18 @@ static int run(int argc, char **argv, int start) {
             }
             printf("%d spawn rc=%d\n", pid, failed);
             return failed ? 1 : 0;
-        } else if (!strcmp(command, "kill-self")) {
+        } else if (!strcmp(command, "bench")) {
+            long pairs = atol(need(argc, argv, ++i));
+            unsigned long long bytes = parse_size(need(argc, argv, ++i)), value = 0;
+            struct timespec start, end;
+            clock_gettime(CLOCK_MONOTONIC, &start);
+            for (long n = 0; n < pairs && rc == 0; n++) {
+                rc = p_cuMemAlloc_v2(&value, bytes);
+                if (rc == 0) rc = p_cuMemFree_v2(value);
+            }
+            clock_gettime(CLOCK_MONOTONIC, &end);
+            double ns = (end.tv_sec - start.tv_sec) * 1e9 + (end.tv_nsec - start.tv_nsec);
+            printf("%d bench %ld rc=%d ns_per_pair=%.0f\n", pid, pairs, rc, pairs ? ns / pairs : 0.0);
             fflush(stdout);
             raise(SIGKILL);
         } else {
