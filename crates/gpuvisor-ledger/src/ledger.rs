@@ -476,11 +476,13 @@ impl Ledger {
         std::fs::remove_file(&self.path).map_err(|e| io_err("remove", &self.path, e))
     }
 
+    #[inline]
     pub(crate) fn header(&self) -> &Header {
         // SAFETY: validated at open/create: the mapping starts with a complete header.
         unsafe { &*(self.base as *const Header) }
     }
 
+    #[inline]
     pub(crate) fn device(&self, i: usize) -> &DeviceRecord {
         assert!(i < self.device_count as usize);
         // SAFETY: index checked; the device array lies within the mapping (validated offsets).
@@ -492,6 +494,7 @@ impl Ledger {
         }
     }
 
+    #[inline]
     pub(crate) fn group(&self, i: usize) -> &GroupRecord {
         assert!(i < self.group_count as usize);
         // SAFETY: index checked; the group array lies within the mapping, 64-byte aligned.
@@ -503,6 +506,7 @@ impl Ledger {
         }
     }
 
+    #[inline]
     pub(crate) fn slot(&self, i: usize) -> &SlotRecord {
         assert!(i < self.slot_count as usize);
         // SAFETY: index checked; the slot array lies within the mapping, 64-byte aligned.
@@ -514,6 +518,7 @@ impl Ledger {
         }
     }
 
+    #[inline]
     pub(crate) fn event(&self, i: usize) -> &EventRecord {
         assert!(i < self.event_capacity as usize);
         // SAFETY: index checked; the ring lies within the mapping, 64-byte aligned.

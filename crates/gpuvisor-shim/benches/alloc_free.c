@@ -1,7 +1,8 @@
 /* Cost of one cuMemAlloc_v2 + cuMemFree_v2 pair, N threads, each with the primary context of
  * device 0 current. Run it against the driver directly and with the shim preloaded; the
  * difference is the shim's added cost. Usage: alloc_free THREADS ITERATIONS [SIZE]
- * Prints: "threads=T iterations=N ns_per_pair=X" (wall time / pairs per thread).
+ * Prints: "threads=T iterations=N ns_per_pair=X cpu_ns_per_pair=Y": X = wall time / pairs per
+ * thread; Y = process CPU time / all pairs (meaningful when threads outnumber free cores).
  * Build: cc -O2 -pthread alloc_free.c -L<dir of libcuda.so.1> -l:libcuda.so.1 -o alloc_free */
 #include <pthread.h>
 #include <stdio.h>
@@ -21,11 +22,12 @@ static long iterations;
 static size_t size = 1 << 20;
 static pthread_barrier_t barrier;
 
-static double now(void) {
+static double clock_ns(clockid_t clock) {
     struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
+    clock_gettime(clock, &t);
     return t.tv_sec * 1e9 + t.tv_nsec;
 }
+static double now(void) { return clock_ns(CLOCK_MONOTONIC); }
 
 static void *worker(void *arg) {
     (void)arg;
@@ -48,9 +50,10 @@ int main(int argc, char **argv) {
     pthread_barrier_init(&barrier, NULL, threads + 1);
     for (int t = 0; t < threads; t++) pthread_create(&tid[t], NULL, worker, NULL);
     pthread_barrier_wait(&barrier);
-    double start = now();
+    double start = now(), cpu_start = clock_ns(CLOCK_PROCESS_CPUTIME_ID);
     for (int t = 0; t < threads; t++) pthread_join(tid[t], NULL);
-    double elapsed = now() - start;
-    printf("threads=%d iterations=%ld ns_per_pair=%.1f\n", threads, iterations, elapsed / iterations);
+    double elapsed = now() - start, cpu = clock_ns(CLOCK_PROCESS_CPUTIME_ID) - cpu_start;
+    printf("threads=%d iterations=%ld ns_per_pair=%.1f cpu_ns_per_pair=%.1f\n", threads, iterations,
+           elapsed / iterations, cpu / ((double)iterations * threads));
     return 0;
 }

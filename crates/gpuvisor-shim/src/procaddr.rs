@@ -122,9 +122,22 @@ pub unsafe extern "C" fn dlsym(handle: *mut c_void, name: *const c_char) -> *mut
     }
 }
 
+/// `CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM`.
+const PER_THREAD_DEFAULT_STREAM: u64 = 2;
+
 /// If `returned` (what the real cuGetProcAddress gave for base name `name`) is the very
-/// function one of our hooks wraps, our hook; else None (legacy or unknown: pass through).
-fn swap_for_hook(name: *const c_char, returned: *mut c_void) -> Option<*mut c_void> {
+/// function one of our hooks wraps, our hook. If the driver handed out a pointer we do not
+/// recognise (some drivers may return internal entry points), fall back to the documented
+/// version rules, but only where they are unambiguous: the `_v2` names since CUDA 3.2, the
+/// unversioned allocation calls (with their `_ptsz` twins), and `cuGetProcAddress_v2` since
+/// 12.0. Legacy versions and anything else (e.g. `cuCtxCreate`, whose v2/v3/v4 differ in
+/// arguments) pass through untouched.
+fn swap_for_hook(
+    name: *const c_char,
+    returned: *mut c_void,
+    version: c_int,
+    flags: u64,
+) -> Option<*mut c_void> {
     if name.is_null() || returned.is_null() {
         return None;
     }
@@ -133,11 +146,38 @@ fn swap_for_hook(name: *const c_char, returned: *mut c_void) -> Option<*mut c_vo
     if name.len() < 3 || &name[..2] != b"cu" {
         return None;
     }
-    ALL.iter()
+    let exact = ALL
+        .iter()
         .copied()
         .filter(|s| s.base_name() == name || s.name() == name)
-        .find(|s| real::raw(*s) == Some(returned))
-        .and_then(hook_address)
+        .find(|s| real::raw(*s) == Some(returned));
+    if let Some(sym) = exact {
+        return hook_address(sym);
+    }
+    let per_thread = flags & PER_THREAD_DEFAULT_STREAM != 0;
+    let by_rule = match name {
+        b"cuMemAlloc" if version >= 3020 => Sym::MemAlloc,
+        b"cuMemAllocPitch" if version >= 3020 => Sym::MemAllocPitch,
+        b"cuMemFree" if version >= 3020 => Sym::MemFree,
+        b"cuMemGetInfo" if version >= 3020 => Sym::MemGetInfo,
+        b"cuDeviceTotalMem" if version >= 3020 => Sym::DeviceTotalMem,
+        b"cuGetProcAddress" if version >= 12000 => Sym::GetProcAddressV2,
+        b"cuMemAllocManaged" => Sym::MemAllocManaged,
+        b"cuMemCreate" => Sym::MemCreate,
+        b"cuMemRelease" => Sym::MemRelease,
+        b"cuInit" => Sym::Init,
+        b"cuDevicePrimaryCtxRetain" => Sym::PrimaryCtxRetain,
+        b"cuMemAllocAsync" if per_thread => Sym::MemAllocAsyncPtsz,
+        b"cuMemAllocAsync" => Sym::MemAllocAsync,
+        b"cuMemAllocFromPoolAsync" if per_thread => Sym::MemAllocFromPoolAsyncPtsz,
+        b"cuMemAllocFromPoolAsync" => Sym::MemAllocFromPoolAsync,
+        b"cuMemFreeAsync" if per_thread => Sym::MemFreeAsyncPtsz,
+        b"cuMemFreeAsync" => Sym::MemFreeAsync,
+        _ => return None,
+    };
+    // Our hook calls the exported symbol; only hand it out if the driver exports it.
+    real::raw(by_rule)?;
+    hook_address(by_rule)
 }
 
 /// cuGetProcAddress (CUDA 11.3-11.8 form).
@@ -157,7 +197,9 @@ pub unsafe extern "C" fn cuGetProcAddress(
     if result == CUDA_SUCCESS && !pfn.is_null() {
         // SAFETY: pfn is non-null and was written by the successful call.
         let returned = unsafe { *pfn };
-        if let Ok(Some(hook)) = std::panic::catch_unwind(|| swap_for_hook(symbol, returned)) {
+        if let Ok(Some(hook)) =
+            std::panic::catch_unwind(|| swap_for_hook(symbol, returned, version, flags))
+        {
             // SAFETY: as above.
             unsafe { *pfn = hook };
         }
@@ -183,7 +225,9 @@ pub unsafe extern "C" fn cuGetProcAddress_v2(
     if result == CUDA_SUCCESS && !pfn.is_null() {
         // SAFETY: pfn is non-null and was written by the successful call.
         let returned = unsafe { *pfn };
-        if let Ok(Some(hook)) = std::panic::catch_unwind(|| swap_for_hook(symbol, returned)) {
+        if let Ok(Some(hook)) =
+            std::panic::catch_unwind(|| swap_for_hook(symbol, returned, version, flags))
+        {
             // SAFETY: as above.
             unsafe { *pfn = hook };
         }

@@ -91,10 +91,10 @@ fn init() {
         Ok(_) => {}
         Err(INIT_DONE) => return,
         Err(_) => {
-            // Another thread is initialising (syscalls only, no locks): wait for it.
-            while INIT.load(Ordering::Acquire) == INIT_RUNNING {
-                std::thread::yield_now();
-            }
+            // Another thread is initialising (syscalls only, no locks): wait for it, but not
+            // forever — a signal handler interrupting the initialising thread itself must not
+            // deadlock; after the bound this one call passes through.
+            wait_while(|| INIT.load(Ordering::Acquire) == INIT_RUNNING);
             return;
         }
     }
@@ -150,6 +150,17 @@ fn init() {
     CHILDREN_CPU_ONLY.store(children_cpu_only, Ordering::Relaxed);
     decide_cpu_only();
     INIT.store(INIT_DONE, Ordering::Release);
+}
+
+/// Yields while `busy()` holds, at most ~10k times (milliseconds; registration and
+/// initialisation take microseconds).
+fn wait_while(busy: impl Fn() -> bool) {
+    for _ in 0..10_000 {
+        if !busy() {
+            return;
+        }
+        std::thread::yield_now();
+    }
 }
 
 fn decide_cpu_only() {

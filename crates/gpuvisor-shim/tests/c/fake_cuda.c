@@ -5,6 +5,7 @@
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 typedef int CUresult;
@@ -61,13 +62,14 @@ CUresult cuDeviceGetUuid(unsigned char *uuid, CUdevice d) {
     uuid[15] = (unsigned char)d;
     return 0;
 }
-CUresult cuDeviceGetUuid_v2(unsigned char *uuid, CUdevice d) { return cuDeviceGetUuid(uuid, d); }
+CUresult cuDeviceGetUuid_v2(unsigned char *uuid, CUdevice d) { return cuDeviceGetUuid(uuid, d); } /* not hooked */
 CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice d) { if (d < 0 || d >= DEVICES) return 101; *bytes = TOTAL; return 0; }
 CUresult cuDevicePrimaryCtxRetain(void **ctx, CUdevice d) { if (!initialised) return 3; *ctx = (void *)(intptr_t)(d + 1); return 0; }
 CUresult cuCtxSetCurrent(void *ctx) { current = (int)(intptr_t)ctx - 1; return 0; }
 CUresult cuCtxCreate_v2(void **ctx, unsigned flags, CUdevice d) { (void)flags; if (!initialised) return 3; *ctx = (void *)(intptr_t)(d + 1); current = d; return 0; }
-CUresult cuCtxCreate_v3(void **ctx, void *p, int n, unsigned flags, CUdevice d) { (void)p; (void)n; return cuCtxCreate_v2(ctx, flags, d); }
-CUresult cuCtxCreate_v4(void **ctx, void *p, unsigned flags, CUdevice d) { (void)p; return cuCtxCreate_v2(ctx, flags, d); }
+static CUresult create_here(void **ctx, CUdevice d) { if (!initialised) return 3; *ctx = (void *)(intptr_t)(d + 1); current = d; return 0; }
+CUresult cuCtxCreate_v3(void **ctx, void *p, int n, unsigned flags, CUdevice d) { (void)p; (void)n; (void)flags; return create_here(ctx, d); }
+CUresult cuCtxCreate_v4(void **ctx, void *p, unsigned flags, CUdevice d) { (void)p; (void)flags; return create_here(ctx, d); }
 CUresult cuCtxGetDevice(CUdevice *d) { if (current < 0) return 201; *d = current; return 0; }
 CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total) {
     if (current < 0) return 201;
@@ -75,10 +77,13 @@ CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total) {
     *free_bytes = TOTAL - atomic_load(&used[current]);
     return 0;
 }
-CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t size) { if (current < 0) return 201; if (size == 0) return 1; *p = take(size, current); return 0; }
-CUresult cuMemAllocManaged(CUdeviceptr *p, size_t size, unsigned flags) { (void)flags; return cuMemAlloc_v2(p, size); }
-CUresult cuMemAllocAsync(CUdeviceptr *p, size_t size, void *s) { (void)s; return cuMemAlloc_v2(p, size); }
-CUresult cuMemAllocFromPoolAsync(CUdeviceptr *p, size_t size, void *pool, void *s) { (void)pool; (void)s; return cuMemAlloc_v2(p, size); }
+/* Entry points share static helpers: calling another *exported* entry point would go through
+ * the preloaded shim again (ELF interposition) and be charged twice. */
+static CUresult alloc_here(CUdeviceptr *p, size_t size) { if (current < 0) return 201; if (size == 0) return 1; *p = take(size, current); return 0; }
+CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t size) { return alloc_here(p, size); }
+CUresult cuMemAllocManaged(CUdeviceptr *p, size_t size, unsigned flags) { (void)flags; return alloc_here(p, size); }
+CUresult cuMemAllocAsync(CUdeviceptr *p, size_t size, void *s) { (void)s; return alloc_here(p, size); }
+CUresult cuMemAllocFromPoolAsync(CUdeviceptr *p, size_t size, void *pool, void *s) { (void)pool; (void)s; return alloc_here(p, size); }
 CUresult cuMemAllocPitch_v2(CUdeviceptr *p, size_t *pitch, size_t w, size_t h, unsigned e) {
     (void)e;
     if (current < 0) return 201;
@@ -99,8 +104,10 @@ CUresult cuMemCreate(unsigned long long *h, size_t size, const int *prop, unsign
 CUresult cuMemRelease(unsigned long long h) { return h >= 1000 ? 0 : 1; }
 
 CUresult cuGetProcAddress_v2(const char *name, void **fn, int version, unsigned long long flags, int *status);
+static CUresult lookup(const char *name, void **fn, int *status);
 CUresult cuGetProcAddress(const char *name, void **fn, int version, unsigned long long flags) {
-    return cuGetProcAddress_v2(name, fn, version, flags, NULL);
+    (void)version; (void)flags;
+    return lookup(name, fn, NULL);
 }
 
 /* Base name -> newest entry point (all versions here are >= 3020/12000). */
@@ -129,6 +136,26 @@ static const struct { const char *name; void *fn; } table[] = {
 
 CUresult cuGetProcAddress_v2(const char *name, void **fn, int version, unsigned long long flags, int *status) {
     (void)version; (void)flags;
+    return lookup(name, fn, status);
+}
+
+/* With FAKE_INTERNAL_ENTRY_POINTS set, cuGetProcAddress hands out internal functions instead
+ * of the exported ones (as a real driver may), so the shim cannot recognise them by address. */
+static CUresult internal_alloc(CUdeviceptr *p, size_t size) { return alloc_here(p, size); }
+static CUresult internal_free(CUdeviceptr p) { return give_back(p); }
+static CUresult internal_info(size_t *f, size_t *t) { return cuMemGetInfo_v2(f, t); }
+
+static CUresult lookup(const char *name, void **fn, int *status) {
+    if (getenv("FAKE_INTERNAL_ENTRY_POINTS")) {
+        void *internal = !strcmp(name, "cuMemAlloc") ? (void *)internal_alloc
+                       : !strcmp(name, "cuMemFree") ? (void *)internal_free
+                       : !strcmp(name, "cuMemGetInfo") ? (void *)internal_info : NULL;
+        if (internal) {
+            *fn = internal;
+            if (status) *status = 0;
+            return 0;
+        }
+    }
     for (size_t i = 0; i < sizeof table / sizeof table[0]; i++) {
         if (strcmp(table[i].name, name) == 0) {
             *fn = table[i].fn;
