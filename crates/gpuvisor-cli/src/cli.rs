@@ -35,6 +35,9 @@ pub enum Command {
     /// Internal: how `exec` starts its command (unblocks signals, then execs it).
     #[command(name = "__exec-child", hide = true)]
     ExecChild(ExecChildArgs),
+    /// Internal: how `exec` reads the ledger while the command runs.
+    #[command(name = "__exec-sample", hide = true)]
+    ExecSample(ExecSampleArgs),
 }
 
 /// Where GPU information comes from.
@@ -124,4 +127,11 @@ pub struct ExecChildArgs {
         value_name = "CMD"
     )]
     pub command: Vec<String>,
+}
+
+/// Arguments of the internal `gpuvisor __exec-sample`.
+#[derive(Debug, Args)]
+pub struct ExecSampleArgs {
+    /// The ledger file.
+    pub ledger: PathBuf,
 }

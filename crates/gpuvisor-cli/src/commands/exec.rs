@@ -6,15 +6,17 @@
 //! `gpuvisor_core::env`; sample the ledger while it runs; print the summary; remove the ledger;
 //! exit with the command's status (128 + signal when it was killed).
 
+mod sampler;
 mod signals;
 mod summary;
+
+pub use sampler::run_sampler;
 
 use std::collections::BTreeMap;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
-use std::sync::mpsc::RecvTimeoutError;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use gpuvisor_core::env::replica_env;
 use gpuvisor_core::inventory::{Inventory, SIM_GPUS_ENV};
@@ -30,12 +32,11 @@ use crate::cli::{ExecArgs, ExecChildArgs};
 use crate::failure::Failure;
 use crate::inventory::load_inventory;
 use crate::shim;
-use summary::Monitor;
+use sampler::Sampler;
+use summary::Summary;
 
 /// The simulator's shared state file variable (see docs/simulator.md).
 const SIM_STATE_ENV: &str = "GPUVISOR_SIM_STATE";
-/// How often the ledger is sampled while the command runs.
-const SAMPLE_EVERY: Duration = Duration::from_millis(50);
 
 /// The budget asked for on the command line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -97,10 +98,12 @@ pub fn run(args: ExecArgs) -> Result<ExitCode, Failure> {
             let _ = std::fs::remove_file(state);
         }
     };
+    let sampler = Sampler::start(&ledger_path);
     let started = Instant::now();
     let mut child = match command.spawn() {
         Ok(child) => child,
         Err(error) => {
+            let _ = sampler.finish();
             cleanup(ledger);
             return Err(Failure::unavailable(format!(
                 "cannot start gpuvisor's exec trampoline: {error}"
@@ -109,46 +112,27 @@ pub fn run(args: ExecArgs) -> Result<ExitCode, Failure> {
     };
     signals::forward_to(child.id());
 
-    let mut monitor = Monitor::watching(&ledger_path);
-    monitor.know_command(child.id() as i32, &args.command);
-    // A thread waits for the child, so its exit is seen at once, not at the next sample.
     let child_id = child.id() as i32;
-    let (exited, exit_status) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = exited.send(child.wait());
-    });
-    let status = loop {
-        monitor.sample(&ledger);
-        match exit_status.recv_timeout(SAMPLE_EVERY) {
-            Ok(Ok(status)) => break status,
-            Err(RecvTimeoutError::Timeout) => {}
-            Ok(Err(error)) => {
-                cleanup(ledger);
-                return Err(Failure::unavailable(format!(
-                    "cannot wait for `{}` (pid {child_id}): {error}",
-                    args.command[0]
-                )));
-            }
-            Err(RecvTimeoutError::Disconnected) => {
-                cleanup(ledger);
-                return Err(Failure::unavailable(format!(
-                    "lost track of `{}` (pid {child_id})",
-                    args.command[0]
-                )));
-            }
-        }
-    };
+    let waited = child.wait();
     let elapsed = started.elapsed();
-    monitor.sample(&ledger);
+    let observed = sampler.finish();
     cleanup(ledger);
+    let status = waited.map_err(|error| {
+        Failure::unavailable(format!(
+            "cannot wait for `{}` (pid {child_id}): {error}",
+            args.command[0]
+        ))
+    })?;
 
     let (exit_status, signal) = match (status.code(), status.signal()) {
         (Some(code), _) => (code, None),
         (None, Some(signal)) => (128 + signal, Some(signal)),
         (None, None) => (1, None),
     };
-    let summary = monitor.finish(
+    let summary = Summary::new(
+        observed,
         args.command.clone(),
+        child_id,
         devices.iter().map(|gpu| gpu.index).collect(),
         exit_status,
         signal,

@@ -16,5 +16,6 @@ pub fn run(cli: Cli) -> Result<ExitCode, Failure> {
         Command::Gpus(args) => gpus::run(args),
         Command::Exec(args) => exec::run(args),
         Command::ExecChild(args) => Ok(exec::run_child(args)),
+        Command::ExecSample(args) => Ok(exec::run_sampler(args.ledger)),
     }
 }

@@ -1,27 +1,23 @@
-//! What `gpuvisor exec` learned about the processes it ran: sampled from the ledger while
-//! they run (slots are freed when a process is reclaimed, so peaks and command lines are kept
-//! here), then printed as a table or JSON.
+//! What `gpuvisor exec` learned about the processes it ran ([`Observed`], gathered by the
+//! sampler), and the summary printed when the command exits, as a table or JSON.
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use gpuvisor_core::size::ByteSize;
-use std::fs::File;
-use std::os::unix::fs::FileExt;
-use std::path::Path;
-
-use gpuvisor_ledger::layout::MAGIC;
-use gpuvisor_ledger::{EventKind, Ledger, LimitKind};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::table::Table;
 
+/// Refusals kept in detail; later ones are only counted.
+pub const MAX_DENIALS_KEPT: usize = 1000;
+
 /// One process seen in the ledger.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ProcessRecord {
     /// Process id.
     pub pid: i32,
-    /// Its command line (from /proc while it ran), or its name when it was never seen alive.
+    /// Its command line (from /proc while it ran), its executable's path, or at worst its
+    /// 15-byte name when it was never seen alive.
     pub command: String,
     /// Highest bytes charged, per device of the job.
     pub peak_bytes: Vec<u64>,
@@ -29,13 +25,10 @@ pub struct ProcessRecord {
     pub denied_count: u64,
     /// Tried CUDA while CPU-only.
     pub cpu_only_violation: bool,
-    /// Whether `command` is only the 15-byte process name (its command line was never read).
-    #[serde(skip)]
-    name_only: bool,
 }
 
 /// A refused allocation.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Denial {
     /// Process id.
     pub pid: i32,
@@ -48,7 +41,22 @@ pub struct Denial {
     /// That limit.
     pub limit_bytes: u64,
     /// `process` or `group`.
-    pub limit: &'static str,
+    pub limit: String,
+}
+
+/// Everything seen in the ledger during one run.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Observed {
+    /// Every process that registered with the ledger or was refused, by pid.
+    pub processes: Vec<ProcessRecord>,
+    /// Refused allocations, oldest first (the first [`MAX_DENIALS_KEPT`]).
+    pub denials: Vec<Denial>,
+    /// All refused allocations, kept or not.
+    pub denials_total: u64,
+    /// Events overwritten in the ledger's ring before they were read.
+    pub events_lost: u64,
+    /// The ledger file was truncated or overwritten during the run (usage after that unknown).
+    pub ledger_damaged: bool,
 }
 
 /// Everything the summary prints.
@@ -66,212 +74,49 @@ pub struct Summary {
     pub gpus: Vec<u32>,
     /// Every process that registered with the ledger or was refused, by pid.
     pub processes: Vec<ProcessRecord>,
-    /// Refused allocations, oldest first.
+    /// Refused allocations, oldest first (at most [`MAX_DENIALS_KEPT`]).
     pub denials: Vec<Denial>,
-    /// Denials overwritten in the ledger's event ring before they were read.
+    /// All refused allocations.
+    pub denials_total: u64,
+    /// Events overwritten in the ledger's ring before they were read.
     pub events_lost: u64,
-    /// The ledger file was truncated or overwritten during the run (usage after that unknown).
+    /// The ledger file was truncated or overwritten during the run.
     pub ledger_damaged: bool,
 }
 
-/// Collects samples of one ledger.
-#[derive(Debug)]
-pub struct Monitor {
-    /// The ledger file as opened at the start (its inode, even if the path is replaced), and its
-    /// size then; `None` once it was found damaged.
-    file: Option<(File, u64)>,
-    damaged: bool,
-    /// Command lines known without /proc: the direct child's (it may exit between samples).
-    known_commands: BTreeMap<i32, String>,
-    processes: BTreeMap<(i32, u64), ProcessRecord>,
-    denials: Vec<Denial>,
-    next_event: u64,
-    events_lost: u64,
-}
-
-/// The command line of `pid`, space-joined, if it is still readable.
-fn command_line(pid: i32) -> Option<String> {
-    let raw = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
-    let words: Vec<String> = raw
-        .split(|&byte| byte == 0)
-        .filter(|word| !word.is_empty())
-        .map(|word| String::from_utf8_lossy(word).into_owned())
-        .collect();
-    (!words.is_empty()).then(|| words.join(" "))
-}
-
-impl Monitor {
-    /// A monitor of the ledger file at `path` (just created).
-    pub fn watching(path: &Path) -> Monitor {
-        let file = File::open(path).ok().and_then(|file| {
-            let length = file.metadata().ok()?.len();
-            Some((file, length))
-        });
-        Monitor {
-            file,
-            damaged: false,
-            known_commands: BTreeMap::new(),
-            processes: BTreeMap::new(),
-            denials: Vec::new(),
-            next_event: 0,
-            events_lost: 0,
-        }
-    }
-
-    /// Records the command line of `pid` (the child gpuvisor started).
-    pub fn know_command(&mut self, pid: i32, command: &[String]) {
-        self.known_commands.insert(pid, command.join(" "));
-    }
-
-    /// Whether the ledger file still has its size and magic. Someone truncating it would make
-    /// reading the mapping fault (SIGBUS), so a damaged ledger is not read again.
-    fn intact(&mut self) -> bool {
-        let Some((file, length)) = &self.file else {
-            return false;
-        };
-        let mut magic = [0u8; 8];
-        let intact = file.metadata().is_ok_and(|meta| meta.len() >= *length)
-            && file.read_exact_at(&mut magic, 0).is_ok()
-            && magic == MAGIC;
-        if !intact {
-            self.file = None;
-            self.damaged = true;
-        }
-        intact
-    }
-
-    /// Reads the ledger once and merges what it shows.
-    pub fn sample(&mut self, ledger: &Ledger) {
-        if !self.intact() {
-            return;
-        }
-        let snapshot = ledger.snapshot();
-        for process in snapshot.processes {
-            let record = self
-                .processes
-                .entry((process.pid, process.start_time))
-                .or_insert_with(|| ProcessRecord {
-                    pid: process.pid,
-                    command: String::new(),
-                    peak_bytes: vec![0; process.peak_bytes.len()],
-                    denied_count: 0,
-                    cpu_only_violation: false,
-                    name_only: false,
-                });
-            if record.command.is_empty() || record.name_only {
-                record.command = self
-                    .known_commands
-                    .get(&process.pid)
-                    .cloned()
-                    .or_else(|| command_line(process.pid))
-                    .unwrap_or_default();
-            }
-            if record.command.is_empty() {
-                record.command = process.name.clone();
-                record.name_only = true;
-            }
-            for (peak, seen) in record.peak_bytes.iter_mut().zip(&process.peak_bytes) {
-                *peak = (*peak).max(*seen);
-            }
-            record.denied_count = record.denied_count.max(process.denied_count);
-            record.cpu_only_violation |= process.cpu_only_violation;
-        }
-        let batch = ledger.events_since(self.next_event);
-        self.next_event = batch.next_seq;
-        self.events_lost += batch.lost;
-        for event in batch.events {
-            match event.kind {
-                EventKind::AllocationDenied {
-                    device,
-                    size_bytes,
-                    used_bytes,
-                    limit_bytes,
-                    limit_kind,
-                } => {
-                    let limit = match limit_kind {
-                        LimitKind::Process => "process",
-                        LimitKind::Group => "group",
-                    };
-                    self.denials.push(Denial {
-                        pid: event.pid,
-                        device,
-                        size_bytes,
-                        used_bytes,
-                        limit_bytes,
-                        limit,
-                    });
-                }
-                EventKind::CpuOnlyViolation { executable } => {
-                    let known = self
-                        .processes
-                        .values_mut()
-                        .find(|record| record.pid == event.pid);
-                    match known {
-                        Some(record) => {
-                            record.cpu_only_violation = true;
-                            // The executable's path says more than the 15-byte name.
-                            if record.name_only && !executable.is_empty() {
-                                record.command = executable;
-                                record.name_only = false;
-                            }
-                        }
-                        None => {
-                            let command = self
-                                .known_commands
-                                .get(&event.pid)
-                                .cloned()
-                                .or_else(|| command_line(event.pid))
-                                .unwrap_or(executable);
-                            let record = ProcessRecord {
-                                pid: event.pid,
-                                command,
-                                peak_bytes: Vec::new(),
-                                denied_count: 0,
-                                cpu_only_violation: true,
-                                name_only: false,
-                            };
-                            self.processes.insert((event.pid, 0), record);
-                        }
-                    }
-                }
-            }
-        }
-    }
-
-    /// The summary, once the command has exited.
-    pub fn finish(
-        self,
+impl Summary {
+    /// The summary of a run: what was observed, the command's outcome, and its command line
+    /// for its own pid (it may have exited before a sample could read it from /proc).
+    pub fn new(
+        mut observed: Observed,
         command: Vec<String>,
+        child_pid: i32,
         gpus: Vec<u32>,
         exit_status: i32,
         signal: Option<i32>,
         elapsed: Duration,
     ) -> Summary {
-        let mut processes: Vec<ProcessRecord> = self.processes.into_values().collect();
-        for record in &mut processes {
-            let denied = self
-                .denials
-                .iter()
-                .filter(|denial| denial.pid == record.pid)
-                .count() as u64;
-            record.denied_count = record.denied_count.max(denied);
+        for record in observed
+            .processes
+            .iter_mut()
+            .filter(|record| record.pid == child_pid)
+        {
+            record.command = command.join(" ");
         }
-        processes.sort_by_key(|record| record.pid);
         Summary {
             command,
             exit_status,
             signal,
             seconds: elapsed.as_secs_f64(),
             gpus,
-            processes,
-            denials: self.denials,
-            events_lost: self.events_lost,
-            ledger_damaged: self.damaged,
+            processes: observed.processes,
+            denials: observed.denials,
+            denials_total: observed.denials_total,
+            events_lost: observed.events_lost,
+            ledger_damaged: observed.ledger_damaged,
         }
     }
-}
 
-impl Summary {
     /// The human summary (for stderr).
     pub fn render(&self) -> String {
         let status = match self.signal {
@@ -323,7 +168,7 @@ impl Summary {
             out.push_str(&table.render("  "));
         }
         if !self.denials.is_empty() {
-            out.push_str(&format!("  denied allocations: {}\n", self.denials.len()));
+            out.push_str(&format!("  denied allocations: {}\n", self.denials_total));
             for denial in self.denials.iter().take(10) {
                 out.push_str(&format!(
                     "    pid {}: {} refused on GPU {} ({} in use of a {} {} limit)\n",
@@ -338,8 +183,8 @@ impl Summary {
                     denial.limit
                 ));
             }
-            if self.denials.len() > 10 {
-                out.push_str(&format!("    ... and {} more\n", self.denials.len() - 10));
+            if self.denials_total > 10 {
+                out.push_str(&format!("    ... and {} more\n", self.denials_total - 10));
             }
         }
         let violators: Vec<&ProcessRecord> = self
