@@ -55,8 +55,16 @@ pub fn run(args: ExecArgs) -> Result<ExitCode, Failure> {
     let budget = parse_budget(&args)?;
     let framework = parse_framework(&args.framework)?;
     let simulate = args.inventory.simulate.as_deref();
-    let inventory = load_inventory(simulate)?;
-    let devices = select_gpus(&inventory, &args.gpu, budget, args.cpu_only)?;
+    // A CPU-only command needs no GPU, nor a driver to list them.
+    let inventory = match load_inventory(simulate) {
+        Err(_) if args.cpu_only && simulate.is_none() => None,
+        result => Some(result?),
+    };
+    let devices = match &inventory {
+        Some(_) if args.cpu_only => Vec::new(),
+        Some(inventory) => select_gpus(inventory, &args.gpu, budget, args.cpu_only)?,
+        None => Vec::new(),
+    };
     let libraries = shim::install(simulate.is_some())?;
 
     let ledger_path = runtime_path("ledger");
@@ -88,7 +96,9 @@ pub fn run(args: ExecArgs) -> Result<ExitCode, Failure> {
             "LD_LIBRARY_PATH",
             prepend_path(sim_dir, std::env::var_os("LD_LIBRARY_PATH")),
         );
-        command.env(SIM_GPUS_ENV, inventory.sim_env_value());
+        if let Some(inventory) = &inventory {
+            command.env(SIM_GPUS_ENV, inventory.sim_env_value());
+        }
         command.env(SIM_STATE_ENV, state);
     }
 
