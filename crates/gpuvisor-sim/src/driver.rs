@@ -439,3 +439,90 @@ impl Driver {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A driver of its own (private physical table) with two 1 GiB devices.
+    fn driver() -> Driver {
+        let mut driver = Driver::fresh(std::process::id(), 1000 + rand_generation());
+        driver.devices = config::parse_devices("2x1GiB").unwrap();
+        driver.next_address = vec![ADDRESS_BASE, ADDRESS_BASE + (1 << 40)];
+        driver.context_overhead = 100 << 20;
+        driver.physical = Some(Physical::open(None));
+        driver.initialized = true;
+        driver
+    }
+
+    /// Distinct generations keep thread-local context stacks of different tests apart.
+    fn rand_generation() -> u64 {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    }
+
+    #[test]
+    fn primary_context_costs_its_overhead_once_until_the_last_release() {
+        let mut driver = driver();
+        let context = driver.retain_primary(1).unwrap();
+        assert_eq!(driver.retain_primary(1).unwrap(), context);
+        assert_eq!(driver.used_bytes(1), 100 << 20);
+        assert_eq!(driver.used_bytes(0), 0);
+        assert_eq!(driver.release_primary(1), code::SUCCESS);
+        assert_eq!(driver.used_bytes(1), 100 << 20);
+        assert_eq!(driver.release_primary(1), code::SUCCESS);
+        assert_eq!(driver.used_bytes(1), 0);
+        assert_eq!(driver.release_primary(1), code::INVALID_CONTEXT);
+    }
+
+    #[test]
+    fn allocations_need_a_current_context_and_fail_when_the_device_is_full() {
+        let mut driver = driver();
+        assert_eq!(driver.current_device(), Err(code::INVALID_CONTEXT));
+        let context = driver.create_context(0).unwrap();
+        assert_eq!(driver.current(), context);
+        assert_eq!(driver.current_device(), Ok(0));
+        let room = (1 << 30) - (100 << 20);
+        let address = driver.allocate(0, room).unwrap();
+        assert_eq!(driver.allocate(0, 1), Err(code::OUT_OF_MEMORY));
+        assert_eq!(driver.allocate(0, 0), Err(code::INVALID_VALUE));
+        assert_eq!(driver.free(address), code::SUCCESS);
+        assert_eq!(
+            driver.free(address),
+            code::INVALID_VALUE,
+            "a double free is refused"
+        );
+        assert_eq!(driver.destroy_context(context), code::SUCCESS);
+        assert_eq!(driver.used_bytes(0), 0);
+        assert_eq!(
+            driver.current(),
+            0,
+            "a destroyed context is no longer current"
+        );
+    }
+
+    #[test]
+    fn vmm_handles_charge_at_creation_in_whole_granules() {
+        let mut driver = driver();
+        assert_eq!(
+            driver.create_physical(0, GRANULARITY + 1),
+            Err(code::INVALID_VALUE)
+        );
+        let handle = driver.create_physical(0, 4 * GRANULARITY).unwrap();
+        assert!(driver.physical_known(handle));
+        assert_eq!(driver.used_bytes(0), 4 * GRANULARITY);
+        assert_eq!(driver.release_physical(handle), code::SUCCESS);
+        assert_eq!(driver.release_physical(handle), code::INVALID_HANDLE);
+        assert_eq!(driver.used_bytes(0), 0);
+    }
+
+    #[test]
+    fn addresses_are_distinct_and_device_specific() {
+        let mut driver = driver();
+        driver.create_context(1).unwrap();
+        let first = driver.allocate(1, 3).unwrap();
+        let second = driver.allocate(1, 3).unwrap();
+        assert_ne!(first, second);
+        assert!(first >= ADDRESS_BASE + (1 << 40), "device 1's window");
+    }
+}
