@@ -69,6 +69,14 @@ pub struct ReclaimedProcess {
     pub used_bytes: Vec<u64>,
 }
 
+/// [`ReclaimedProcess`] without the heap (the shim reclaims on its refusal path).
+struct Reclaimed {
+    slot: u32,
+    pid: i32,
+    group: u32,
+    used_bytes: [u64; MAX_DEVICES],
+}
+
 /// Largest single allocation the ledger accounts; larger requests are refused outright so no
 /// counter can wrap (no GPU has 2^56 bytes).
 pub const MAX_CHARGE_BYTES: u64 = 1 << 56;
@@ -187,13 +195,16 @@ impl Ledger {
             return;
         }
         let repairs = &self.header().underflow_repairs;
+        // Group first, slot second (the mirror of `charge`): a process killed between the two
+        // can only leave the group under-charged after reclaim, never charged for memory that
+        // no longer exists.
         sub_clamped(
-            &self.slot(slot.index as usize).used_bytes[device],
+            &self.group(slot.group as usize).used_bytes[device],
             bytes,
             repairs,
         );
         sub_clamped(
-            &self.group(slot.group as usize).used_bytes[device],
+            &self.slot(slot.index as usize).used_bytes[device],
             bytes,
             repairs,
         );
@@ -415,6 +426,16 @@ impl Ledger {
             return None;
         }
         self.reclaim_owner(slot.index as usize, owner)
+            .map(|r| self.reclaimed(r))
+    }
+
+    fn reclaimed(&self, r: Reclaimed) -> ReclaimedProcess {
+        ReclaimedProcess {
+            slot: r.slot,
+            pid: r.pid,
+            group: r.group,
+            used_bytes: r.used_bytes[..self.device_count as usize].to_vec(),
+        }
     }
 
     /// Frees the slots of every dead process (gone, zombie, or its pid now belongs to a
@@ -425,18 +446,19 @@ impl Ledger {
     pub fn reclaim_dead(&self) -> Vec<ReclaimedProcess> {
         (0..self.slot_count as usize)
             .filter_map(|i| self.reclaim_if_dead(i, None))
+            .map(|r| self.reclaimed(r))
             .collect()
     }
 
     /// [`Ledger::reclaim_dead`] limited to the slots of one group; returns how many were freed.
-    /// The shim calls this before refusing an allocation.
+    /// The shim calls this before refusing an allocation; it allocates nothing on the heap.
     pub fn reclaim_dead_in_group(&self, group: u32) -> usize {
         (0..self.slot_count as usize)
             .filter(|i| self.reclaim_if_dead(*i, Some(group)).is_some())
             .count()
     }
 
-    fn reclaim_if_dead(&self, index: usize, group: Option<u32>) -> Option<ReclaimedProcess> {
+    fn reclaim_if_dead(&self, index: usize, group: Option<u32>) -> Option<Reclaimed> {
         let s = self.slot(index);
         let owner = s.owner.load(Ordering::Acquire);
         let state = owner_state(owner);
@@ -464,7 +486,7 @@ impl Ledger {
     }
 
     /// Takes the slot from `owner` (CAS, so exactly one reclaimer wins) and frees it.
-    fn reclaim_owner(&self, index: usize, owner: u64) -> Option<ReclaimedProcess> {
+    fn reclaim_owner(&self, index: usize, owner: u64) -> Option<Reclaimed> {
         let s = self.slot(index);
         let reclaiming = with_state(owner, SLOT_STATE_RECLAIMING);
         if s.owner
@@ -475,8 +497,8 @@ impl Ledger {
         }
         let group = s.group.load(Ordering::Relaxed);
         let repairs = &self.header().underflow_repairs;
-        let mut used = vec![0u64; self.device_count as usize];
-        for (d, u) in used.iter_mut().enumerate() {
+        let mut used = [0u64; MAX_DEVICES];
+        for (d, u) in used.iter_mut().enumerate().take(self.device_count as usize) {
             *u = s.used_bytes[d].swap(0, Ordering::AcqRel);
             if *u > 0 && group < self.group_count {
                 sub_clamped(&self.group(group as usize).used_bytes[d], *u, repairs);
@@ -488,7 +510,7 @@ impl Ledger {
         }
         s.start_time.store(0, Ordering::Relaxed);
         s.owner.store(SLOT_FREE, Ordering::Release);
-        Some(ReclaimedProcess {
+        Some(Reclaimed {
             slot: index as u32,
             pid: owner_pid(owner),
             group,

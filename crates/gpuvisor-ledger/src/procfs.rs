@@ -19,19 +19,45 @@ pub struct ProcessIdentity {
 
 /// Reads the identity of `pid` (`0` = the calling process) from /proc.
 ///
-/// Returns `None` if the process does not exist or /proc cannot be read. Reads into a stack
-/// buffer: one open and one read, no scan of other processes.
+/// Returns `None` if the process does not exist or /proc cannot be read. No heap allocation
+/// (the shim calls this on its refusal path): the path and the text live on the stack; one
+/// open and one read, no scan of other processes.
 pub fn read_identity(pid: i32) -> Option<ProcessIdentity> {
+    let mut path = [0u8; 32];
+    let path_len = stat_path(pid, &mut path);
     let mut buf = [0u8; 1024];
-    let len = if pid == 0 {
-        read_into("/proc/self/stat", &mut buf)?
-    } else {
-        read_into(&format!("/proc/{pid}/stat"), &mut buf)?
-    };
+    use std::os::unix::ffi::OsStrExt;
+    let path = std::path::Path::new(std::ffi::OsStr::from_bytes(&path[..path_len]));
+    let len = read_into(path, &mut buf)?;
     parse_stat(&buf[..len])
 }
 
-fn read_into(path: &str, buf: &mut [u8]) -> Option<usize> {
+/// Writes `/proc/PID/stat` (`/proc/self/stat` for pid 0) into `out`; returns its length.
+fn stat_path(pid: i32, out: &mut [u8; 32]) -> usize {
+    let mut len = 0;
+    let mut push = |bytes: &[u8]| {
+        out[len..len + bytes.len()].copy_from_slice(bytes);
+        len += bytes.len();
+    };
+    push(b"/proc/");
+    if pid <= 0 {
+        push(b"self");
+    } else {
+        let mut digits = [0u8; 10];
+        let mut n = pid as u32;
+        let mut i = digits.len();
+        while n > 0 || i == digits.len() {
+            i -= 1;
+            digits[i] = b'0' + (n % 10) as u8;
+            n /= 10;
+        }
+        push(&digits[i..]);
+    }
+    push(b"/stat");
+    len
+}
+
+fn read_into(path: &std::path::Path, buf: &mut [u8]) -> Option<usize> {
     let mut file = std::fs::File::open(path).ok()?;
     let mut len = 0;
     while len < buf.len() {
@@ -123,6 +149,17 @@ mod tests {
             "other start time = reused pid"
         );
         assert!(!is_alive(i32::MAX - 7, 1));
+    }
+
+    #[test]
+    fn stat_paths() {
+        let mut buf = [0u8; 32];
+        let n = stat_path(0, &mut buf);
+        assert_eq!(&buf[..n], b"/proc/self/stat");
+        let n = stat_path(4194304, &mut buf);
+        assert_eq!(&buf[..n], b"/proc/4194304/stat");
+        let n = stat_path(7, &mut buf);
+        assert_eq!(&buf[..n], b"/proc/7/stat");
     }
 
     #[test]

@@ -305,9 +305,11 @@ fn stress_many_processes_and_threads() {
     let (max_live, max_size) = (16u64, 64 << 20);
     let path = TempPath::new("stress");
     // Group 0 can hold everything every thread could ever hold at once: any refusal is false.
-    let roomy = processes as u64 / 2 * threads * max_live * max_size;
+    let roomy = processes as u64 / 3 * threads * max_live * max_size;
     // Group 1 is tight: refusals are constant, the limit must still never be passed.
     let tight = 6 * GIB;
+    // Group 2 has no group limit but a per-process one, far below what 8 threads want.
+    let per_process = 512 << 20;
     let options = CreateOptions {
         max_processes: 256,
         event_capacity: 64,
@@ -315,7 +317,11 @@ fn stress_many_processes_and_threads() {
     let ledger = Ledger::create_with(
         &path.0,
         &devices(1),
-        &[group("roomy", &[roomy], &[]), group("tight", &[tight], &[])],
+        &[
+            group("roomy", &[roomy], &[]),
+            group("tight", &[tight], &[]),
+            group("per-process", &[], &[per_process]),
+        ],
         &options,
     )
     .unwrap();
@@ -333,10 +339,10 @@ fn stress_many_processes_and_threads() {
         env
     };
     let mut children: Vec<(usize, Child)> = (0..processes)
-        .map(|i| (i % 2, spawn_child("stress", &path.0, &common(i % 2))))
+        .map(|i| (i % 3, spawn_child("stress", &path.0, &common(i % 3))))
         .collect();
-    let mut live = [0u64; 2];
-    let mut counts = [(0u64, 0u64); 2];
+    let mut live = [0u64; 3];
+    let mut counts = [(0u64, 0u64); 3];
     let mut per_pid = std::collections::HashMap::new();
     for (g, child) in &mut children {
         let mut reader = BufReader::new(child.stdout.take().unwrap());
@@ -349,13 +355,13 @@ fn stress_many_processes_and_threads() {
     }
     let snap = ledger.snapshot();
     eprintln!(
-        "stress: {processes} processes x {threads} threads, {millis} ms: roomy {} allocs / {} refused, tight {} allocs / {} refused",
-        counts[0].0, counts[0].1, counts[1].0, counts[1].1
+        "stress: {processes} processes x {threads} threads, {millis} ms: roomy {} allocs / {} refused, tight {} / {}, per-process {} / {}",
+        counts[0].0, counts[0].1, counts[1].0, counts[1].1, counts[2].0, counts[2].1
     );
     assert_eq!(counts[0].1, 0, "false refusals in the roomy group");
     assert!(
-        counts[1].1 > 0,
-        "the tight group was never refused: the test is not testing"
+        counts[1].1 > 0 && counts[2].1 > 0,
+        "the tight limits were never refused: the test is not testing"
     );
     for (g, live) in live.iter().enumerate() {
         assert_eq!(
@@ -369,6 +375,13 @@ fn stress_many_processes_and_threads() {
     }
     assert_eq!(snap.processes.len(), processes);
     for p in &snap.processes {
+        if p.group == 2 {
+            assert!(
+                p.peak_bytes[0] <= per_process,
+                "pid {} over its own limit",
+                p.pid
+            );
+        }
         assert_eq!(
             p.used_bytes[0], per_pid[&p.pid],
             "pid {} slot = its live allocations",
@@ -382,8 +395,5 @@ fn stress_many_processes_and_threads() {
     }
     assert_eq!(ledger.reclaim_dead().len(), processes);
     let snap = ledger.snapshot();
-    assert_eq!(
-        snap.groups[0].used_bytes[0] + snap.groups[1].used_bytes[0],
-        0
-    );
+    assert!(snap.groups.iter().all(|g| g.used_bytes[0] == 0));
 }

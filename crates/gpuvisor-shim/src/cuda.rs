@@ -92,6 +92,8 @@ pub mod sig {
     pub type PrimaryCtxRetain = unsafe extern "C" fn(*mut Handle, CUdevice) -> CUresult;
     /// cuCtxGetDevice.
     pub type CtxGetDevice = unsafe extern "C" fn(*mut CUdevice) -> CUresult;
+    /// cuDeviceGetCount.
+    pub type DeviceGetCount = unsafe extern "C" fn(*mut c_int) -> CUresult;
     /// cuDeviceGetUuid(_v2).
     pub type DeviceGetUuid = unsafe extern "C" fn(*mut [u8; 16], CUdevice) -> CUresult;
     /// dlsym.

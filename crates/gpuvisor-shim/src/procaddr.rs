@@ -35,7 +35,9 @@ pub fn hook_address(sym: Sym) -> Option<*mut c_void> {
         Sym::CtxCreateV3 => hooks::cuCtxCreate_v3 as *const (),
         Sym::CtxCreateV4 => hooks::cuCtxCreate_v4 as *const (),
         Sym::PrimaryCtxRetain => hooks::cuDevicePrimaryCtxRetain as *const (),
-        Sym::CtxGetDevice | Sym::DeviceGetUuidV2 | Sym::DeviceGetUuid => return None,
+        Sym::CtxGetDevice | Sym::DeviceGetUuidV2 | Sym::DeviceGetUuid | Sym::DeviceGetCount => {
+            return None
+        }
     };
     Some(p as *mut c_void)
 }

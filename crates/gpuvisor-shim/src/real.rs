@@ -60,10 +60,12 @@ pub enum Sym {
     DeviceGetUuidV2,
     /// cuDeviceGetUuid (called, not wrapped).
     DeviceGetUuid,
+    /// cuDeviceGetCount (called, not wrapped).
+    DeviceGetCount,
 }
 
 /// Number of entries in [`Sym`].
-pub const SYM_COUNT: usize = 24;
+pub const SYM_COUNT: usize = 25;
 
 /// NUL-terminated names, indexed by [`Sym`].
 pub const NAMES: [&[u8]; SYM_COUNT] = [
@@ -91,6 +93,7 @@ pub const NAMES: [&[u8]; SYM_COUNT] = [
     b"cuCtxGetDevice\0",
     b"cuDeviceGetUuid_v2\0",
     b"cuDeviceGetUuid\0",
+    b"cuDeviceGetCount\0",
 ];
 
 /// All [`Sym`] values in index order.
@@ -119,6 +122,7 @@ pub const ALL: [Sym; SYM_COUNT] = [
     Sym::CtxGetDevice,
     Sym::DeviceGetUuidV2,
     Sym::DeviceGetUuid,
+    Sym::DeviceGetCount,
 ];
 
 impl Sym {

@@ -258,9 +258,22 @@ fn lookup_device(ledger: &Ledger, device: CUdevice) -> Option<usize> {
     index
 }
 
+/// Devices the driver shows this process (0 = not known yet). Fixed for the life of the
+/// process (CUDA_VISIBLE_DEVICES is read once, at cuInit).
+static DEVICE_COUNT: AtomicI32 = AtomicI32::new(0);
+
 /// Ledger index of the current context's device.
+///
+/// With a single visible device (the usual case: gpuvisor gives each process its GPUs through
+/// CUDA_VISIBLE_DEVICES) that is device 0 and no driver call is needed; otherwise the driver is
+/// asked (`cuCtxGetDevice`).
 #[inline]
 pub fn current_device(ledger: &Ledger) -> Option<usize> {
+    match DEVICE_COUNT.load(Ordering::Relaxed) {
+        1 => return ledger_device(ledger, 0),
+        0 => count_devices(),
+        _ => {}
+    }
     // SAFETY: CtxGetDevice is the signature of cuCtxGetDevice.
     let get = unsafe { real::get::<sig::CtxGetDevice>(Sym::CtxGetDevice) }?;
     let mut device: CUdevice = -1;
@@ -269,6 +282,18 @@ pub fn current_device(ledger: &Ledger) -> Option<usize> {
         return None;
     }
     ledger_device(ledger, device)
+}
+
+#[cold]
+fn count_devices() {
+    // SAFETY: DeviceGetCount is the signature of cuDeviceGetCount.
+    if let Some(get) = unsafe { real::get::<sig::DeviceGetCount>(Sym::DeviceGetCount) } {
+        let mut count = 0;
+        // SAFETY: count is a valid out-pointer. Fails (and is retried later) before cuInit.
+        if unsafe { get(&mut count) } == CUDA_SUCCESS && count > 0 {
+            DEVICE_COUNT.store(count, Ordering::Relaxed);
+        }
+    }
 }
 
 /// Records (once per process) that this CPU-only process tried to use CUDA.

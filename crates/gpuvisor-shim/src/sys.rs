@@ -21,6 +21,8 @@ pub const MAP_FIXED: c_int = 0x10;
 pub const MAP_ANONYMOUS: c_int = 0x20;
 /// `MAP_NORESERVE`.
 pub const MAP_NORESERVE: c_int = 0x4000;
+/// `MADV_HUGEPAGE`: back with transparent huge pages where the system allows it.
+pub const MADV_HUGEPAGE: c_int = 14;
 /// `MAP_FAILED`.
 pub const MAP_FAILED: *mut c_void = !0usize as *mut c_void;
 
@@ -54,6 +56,8 @@ extern "C" {
         fd: c_int,
         off: i64,
     ) -> *mut c_void;
+    /// madvise(2).
+    pub fn madvise(addr: *mut c_void, len: usize, advice: c_int) -> c_int;
     /// write(2).
     pub fn write(fd: c_int, buf: *const c_void, count: usize) -> isize;
     /// readlink(2).

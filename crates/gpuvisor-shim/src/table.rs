@@ -80,6 +80,12 @@ impl Table {
         if p == sys::MAP_FAILED {
             return false;
         }
+        // Huge pages where allowed: addresses the driver never reuses land all over the table,
+        // and 4 KiB pages would cost a TLB miss per allocation. Advice only; failure is fine.
+        // SAFETY: p..p+bytes is the mapping just created.
+        unsafe {
+            sys::madvise(p, self.bytes(), sys::MADV_HUGEPAGE);
+        }
         // If another thread mapped first, ours stays unused (untouched, so it costs no memory).
         if current.is_null() {
             let _ = self.entries.compare_exchange(

@@ -14,6 +14,7 @@ const MODES: [&str; 3] = ["linked", "dlsym", "procaddr"];
 struct Fixture {
     fake_dir: PathBuf,
     client: PathBuf,
+    bench: PathBuf,
     shim: PathBuf,
 }
 
@@ -56,6 +57,19 @@ fn fixture() -> &'static Fixture {
             &format!("-L{}", dir.display()),
             "-l:libcuda.so.1",
             "-ldl",
+        ]);
+        let bench = dir.join("alloc_free");
+        cc(&[
+            "-O2",
+            "-pthread",
+            "-o",
+            bench.to_str().unwrap(),
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("benches/alloc_free.c")
+                .to_str()
+                .unwrap(),
+            &format!("-L{}", dir.display()),
+            "-l:libcuda.so.1",
         ]);
         // Build the shim the way the CLI's build script does, with plain rustc: this also
         // checks that it needs no cargo (and `cargo test` does not rebuild a cdylib for its
@@ -104,6 +118,7 @@ fn fixture() -> &'static Fixture {
         Fixture {
             fake_dir: dir,
             client,
+            bench,
             shim,
         }
     })
@@ -262,6 +277,28 @@ fn get_proc_address_pointers_the_shim_does_not_recognise_are_still_hooked() {
         ]
     );
     assert_eq!(ledger.snapshot().groups[0].peak_bytes[0], 600 * MIB);
+}
+
+#[test]
+fn single_visible_device_is_charged_without_asking_the_driver_each_time() {
+    let (path, ledger) = ledger("single", &[group(GIB, NO_LIMIT)]);
+    let script = format!(
+        "init ctx 0 alloc {a} alloc {a} info free-all",
+        a = 600 * MIB
+    );
+    let out = run("dlsym", Some(&path.0), &[("FAKE_DEVICES", "1")], &script);
+    assert_eq!(
+        stdout(&out),
+        vec![
+            "init rc=0".to_string(),
+            "ctx rc=0".into(),
+            "alloc rc=0".into(),
+            "alloc rc=2".into(),
+            format!("info rc=0 free={} total={GIB}", GIB - 600 * MIB),
+            "free-all rc=0".into(),
+        ]
+    );
+    assert_eq!(ledger.snapshot().groups[0].used_bytes[0], 0);
 }
 
 #[test]
@@ -460,4 +497,37 @@ fn many_processes_register_quickly() {
     // Process creation dominates; registration itself is one /proc/self/stat read and a CAS.
     assert!(elapsed < std::time::Duration::from_secs(20), "{elapsed:?}");
     assert_eq!(ledger.reclaim_dead().len(), processes);
+}
+
+#[test]
+fn frees_return_exact_sizes_under_many_threads() {
+    let (path, ledger) = ledger("threads", &[group(GIB, NO_LIMIT)]);
+    let f = fixture();
+    // 8 threads, each alloc+free of 1 MiB 20000 times, all through the shim.
+    let out = Command::new(&f.bench)
+        .args(["8", "20000", &MIB.to_string()])
+        .env("LD_LIBRARY_PATH", &f.fake_dir)
+        .env("LD_PRELOAD", &f.shim)
+        .env("GPUVISOR_LEDGER", &path.0)
+        .env("GPUVISOR_GROUP", "0")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let snap = ledger.snapshot();
+    assert_eq!(
+        snap.groups[0].used_bytes[0], 0,
+        "every free returned exactly its charge"
+    );
+    let peak = snap.groups[0].peak_bytes[0];
+    assert!(
+        (MIB..=8 * MIB).contains(&peak),
+        "peak {peak}: at most one live allocation per thread"
+    );
+    assert_eq!(snap.processes[0].used_bytes[0], 0);
+    assert_eq!(snap.untracked_allocations, 0);
+    assert_eq!(snap.underflow_repairs, 0);
 }

@@ -53,7 +53,8 @@ static CUresult give_back(unsigned long long a) {
 }
 
 CUresult cuInit(unsigned int flags) { (void)flags; initialised = 1; return 0; }
-CUresult cuDeviceGetCount(int *n) { *n = DEVICES; return initialised ? 0 : 3; }
+/* FAKE_DEVICES=1 shows one device (the shim then skips cuCtxGetDevice). */
+CUresult cuDeviceGetCount(int *n) { *n = getenv("FAKE_DEVICES") ? atoi(getenv("FAKE_DEVICES")) : DEVICES; return initialised ? 0 : 3; }
 CUresult cuDeviceGet(CUdevice *d, int ordinal) { if (ordinal < 0 || ordinal >= DEVICES) return 101; *d = ordinal; return 0; }
 CUresult cuDeviceGetUuid(unsigned char *uuid, CUdevice d) {
     static const unsigned char base[16] = {0x51, 0x11, 0xa7, 0xed, 0, 0, 0x40, 0, 0x80, 0, 0, 0, 0, 0, 0, 0};
