@@ -239,7 +239,14 @@ fn human_summary_names_the_command() {
 #[test]
 fn cpu_only_needs_no_gpu_inventory() {
     // No --simulate: on a machine without a driver this must still run (nothing needs a GPU).
-    let run = exec(&["--cpu-only"], &["sh", "-c", "printf '[%s]' \"$CUDA_VISIBLE_DEVICES\"; exit 3"]);
+    let run = exec(
+        &["--cpu-only"],
+        &[
+            "sh",
+            "-c",
+            "printf '[%s]' \"$CUDA_VISIBLE_DEVICES\"; exit 3",
+        ],
+    );
     assert_eq!(run.code, Some(3), "{}", run.context());
     assert_eq!(run.stdout, "[]", "CPU-only: no GPU visible");
 }
