@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::FileExt;
-use std::os::unix::process::ExitStatusExt;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitCode, Stdio};
 use std::sync::mpsc::{self, RecvTimeoutError};
@@ -23,6 +23,9 @@ use gpuvisor_ledger::layout::MAGIC;
 use gpuvisor_ledger::{EventKind, Ledger, LimitKind};
 
 use super::summary::{Denial, Observed, ProcessRecord, MAX_DENIALS_KEPT};
+
+/// The signal a read of a truncated mapping raises (Linux).
+const SIGBUS: i32 = 7;
 
 /// How often the ledger is read while the command runs.
 pub const SAMPLE_EVERY: Duration = Duration::from_millis(50);
@@ -42,6 +45,8 @@ impl Sampler {
                 .arg("__exec-sample")
                 .arg(ledger)
                 .env_remove("LD_PRELOAD")
+                // Its own process group: signals for the job's group (`kill 0`, Ctrl-C) miss it.
+                .process_group(0)
                 .stdin(Stdio::piped())
                 .stdout(Stdio::piped())
                 .spawn()
@@ -84,8 +89,12 @@ impl Sampler {
         let mut observed: Observed = last
             .and_then(|line| serde_json::from_str(&line).ok())
             .unwrap_or_default();
-        if status.map_or(true, |status| status.signal().is_some()) {
-            observed.ledger_damaged = true;
+        match status.map(|status| status.signal()) {
+            Ok(None) => {}
+            // A read of the truncated shared mapping.
+            Ok(Some(SIGBUS)) => observed.ledger_damaged = true,
+            Ok(Some(signal)) => eprintln!("gpuvisor: the ledger sampler was killed by signal {signal}; usage after that is missing from the summary"),
+            Err(error) => eprintln!("gpuvisor: lost the ledger sampler ({error}); usage may be missing from the summary"),
         }
         observed
     }
