@@ -309,7 +309,7 @@ fn children_cpu_only_refuses_the_children_and_lists_them() {
             "--children-cpu-only",
         ],
         linked(),
-        "init ctx 0 alloc 1GiB spawn 2 init ctx 0 alloc 1GiB",
+        "init ctx 0 alloc 1GiB spawn 8 init ctx 0 alloc 1GiB",
     );
     assert_eq!(run.code, Some(0), "{}", run.context());
     let parent = run.lines[0].pid;
@@ -324,7 +324,7 @@ fn children_cpu_only_refuses_the_children_and_lists_them() {
         run.context()
     );
     assert!(
-        theirs.len() == 2 && theirs.iter().all(|line| line.rc != 0),
+        theirs.len() == 8 && theirs.iter().all(|line| line.rc != 0),
         "children are refused: {}",
         run.context()
     );
@@ -403,4 +403,55 @@ fn a_corrupt_ledger_makes_the_shim_pass_through() {
 #[test]
 fn a_truncated_ledger_makes_the_shim_pass_through() {
     damaged_ledger_passes_through(r#"truncate -s 100 "$GPUVISOR_LEDGER""#);
+}
+
+/// Scenario S1 in miniature: three processes that size themselves like XLA (75% of the device
+/// total the driver reports) and hold their memory together.
+const S1_SCRIPT: &str = r#"for i in 1 2 3; do "$P" init ctx 0 prealloc 0.75 touch-pid "$D" wait-count "$D" 3 & done; wait"#;
+
+#[test]
+fn s1_preallocating_processes_all_fit_under_mem_per_process() {
+    let barrier = barrier_dir("s1");
+    let run = exec_shell(
+        &["--simulate", "1x16GiB", "--mem-per-process", "4GiB"],
+        S1_SCRIPT,
+        &barrier,
+    );
+    assert_eq!(run.code, Some(0), "{}", run.context());
+    let preallocs = run.lines_of("prealloc");
+    assert_eq!(
+        preallocs.iter().map(|line| line.rc).collect::<Vec<_>>(),
+        [0, 0, 0],
+        "{}",
+        run.context()
+    );
+    assert!(
+        preallocs
+            .iter()
+            .all(|line| line.value("total") == Some(4 * GIB)
+                && line.argument == (3 * GIB).to_string()),
+        "each sized itself from a 4 GiB device: {}",
+        run.context()
+    );
+}
+
+#[test]
+fn s1_without_gpuvisor_the_second_preallocation_fails() {
+    // The same three processes on the same simulated card, without the shim: the first takes
+    // 75% of 16 GiB and the others find the card full.
+    let barrier = barrier_dir("s1-bare");
+    // Not in the barrier directory: its entries are counted.
+    let state = driver::scratch().join(format!("s1-sim-state-{}", std::process::id()));
+    let script = format!(
+        r#"export LD_PRELOAD= GPUVISOR_LEDGER= GPUVISOR_SIM_STATE='{}'; for i in 1 2 3; do "$P" init ctx 0 prealloc 0.75 touch-pid "$D" wait-count "$D" 3 & done; wait"#,
+        state.display()
+    );
+    let run = exec_shell(&["--simulate", "1x16GiB"], &script, &barrier);
+    let mut rcs: Vec<i32> = run
+        .lines_of("prealloc")
+        .iter()
+        .map(|line| line.rc)
+        .collect();
+    rcs.sort();
+    assert_eq!(rcs, [0, OUT_OF_MEMORY, OUT_OF_MEMORY], "{}", run.context());
 }

@@ -23,6 +23,7 @@
  *                        and exits 0 only if all of them exited 0
  *   kill-self            raise(SIGKILL)
  *   bench N SIZE         N x (cuMemAlloc_v2 + cuMemFree_v2); prints ns per pair
+ *   prealloc FRACTION    like XLA: allocate FRACTION x the total cuMemGetInfo reports
  * SIZE is bytes or a number with KiB/MiB/GiB. The exit status is 0 unless a command is
  * malformed (64) or a function could not be loaded (65).
  */
@@ -270,6 +271,17 @@ static int run(int argc, char **argv, int start) {
             }
             printf("%d spawn rc=%d\n", pid, failed);
             return failed ? 1 : 0;
+        } else if (!strcmp(command, "prealloc")) {
+            double fraction = atof(need(argc, argv, ++i));
+            size_t free_bytes = 0, total = 0;
+            unsigned long long value = 0, bytes = 0;
+            rc = p_cuMemGetInfo_v2(&free_bytes, &total);
+            if (rc == 0) {
+                bytes = (unsigned long long)((double)total * fraction);
+                rc = p_cuMemAlloc_v2(&value, bytes);
+                if (rc == 0) remember(DEVICE_POINTER, value);
+            }
+            printf("%d prealloc %llu rc=%d total=%zu\n", pid, bytes, rc, total);
         } else if (!strcmp(command, "bench")) {
             long pairs = atol(need(argc, argv, ++i));
             unsigned long long bytes = parse_size(need(argc, argv, ++i)), value = 0;
