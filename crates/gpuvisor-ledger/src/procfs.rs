@@ -107,8 +107,9 @@ pub fn parse_stat(text: &[u8]) -> Option<ProcessIdentity> {
 ///
 /// `kill(pid, 0)` first (cheap; ESRCH = gone), then the start time and state from /proc: a
 /// different start time means the pid was reused, `Z`/`X` means it has exited (a zombie holds
-/// no GPU memory). If /proc cannot be read the answer is "alive": reclaiming a live process
-/// would be worse than keeping a dead one a while longer.
+/// no GPU memory). If the pid exists but its /proc entry cannot be read (no /proc, hidden by
+/// `hidepid`, or it exited between the two checks) the answer is "alive": reclaiming a live
+/// process would be worse than keeping a dead one until the next scan.
 pub fn is_alive(pid: i32, start_time: u64) -> bool {
     if pid <= 0 {
         return false;
@@ -120,7 +121,7 @@ pub fn is_alive(pid: i32, start_time: u64) -> bool {
     }
     match read_identity(pid) {
         Some(id) => id.start_time == start_time && id.state != b'Z' && id.state != b'X',
-        None => !std::path::Path::new("/proc/self/stat").exists(),
+        None => true,
     }
 }
 

@@ -15,7 +15,7 @@ use gpuvisor_ledger::{Denial, Ledger, LimitKind, SlotId};
 use crate::cuda::*;
 use crate::real::{self, Sym};
 use crate::state::{self, HANDLES, POINTERS};
-use crate::table::Table;
+use crate::table::{Insert, Table};
 
 /// Runs `$body`; on a panic, evaluates `$fallback` instead.
 macro_rules! guarded {
@@ -107,17 +107,28 @@ fn refused(ledger: &'static Ledger, slot: SlotId, device: usize, size: u64, deni
 /// After the driver returned `result` for a charged allocation whose key is `key()`: roll the
 /// charge back on failure, else record key → size for the free. A full table means the free
 /// could not be matched: the charge is returned now and the allocation counted as untracked.
+/// A stale entry for the same address (memory freed without a free we saw) gives its charge back.
 #[inline]
 fn settle(charge: Charge, result: CUresult, table: &Table, key: impl FnOnce() -> u64) -> CUresult {
+    let Charge {
+        ledger,
+        slot,
+        device,
+        size,
+    } = charge;
     if result != CUDA_SUCCESS {
-        charge
-            .ledger
-            .uncharge(charge.slot, charge.device, charge.size);
-    } else if !table.insert(key(), charge.size, charge.device) {
-        charge
-            .ledger
-            .uncharge(charge.slot, charge.device, charge.size);
-        charge.ledger.count_untracked(charge.slot);
+        ledger.uncharge(slot, device, size);
+        return result;
+    }
+    match table.insert(key(), size, device) {
+        Insert::New => {}
+        Insert::Replaced(stale_size, stale_device) => {
+            ledger.uncharge(slot, stale_device, stale_size)
+        }
+        Insert::Full => {
+            ledger.uncharge(slot, device, size);
+            ledger.count_untracked(slot);
+        }
     }
     result
 }
@@ -154,13 +165,24 @@ fn tracked_free(table: &Table, key: u64, free: impl FnOnce() -> CUresult) -> CUr
         return free();
     };
     let result = free();
+    let Some(slot) = state::slot(ledger) else {
+        return result;
+    };
     if result == CUDA_SUCCESS {
-        if let Some(slot) = state::slot(ledger) {
-            ledger.uncharge(slot, device, size);
-        }
+        ledger.uncharge(slot, device, size);
     } else {
-        // Still allocated (bad stream, ...): keep tracking it.
-        table.insert(key, size, device);
+        // Still allocated (bad stream, ...): keep tracking it, or give the charge back if the
+        // entry no longer fits (it could never be freed otherwise).
+        match table.insert(key, size, device) {
+            Insert::New => {}
+            Insert::Replaced(stale_size, stale_device) => {
+                ledger.uncharge(slot, stale_device, stale_size)
+            }
+            Insert::Full => {
+                ledger.uncharge(slot, device, size);
+                ledger.count_untracked(slot);
+            }
+        }
     }
     result
 }

@@ -84,6 +84,8 @@ extern "C" fn gpuvisor_shim_real_dlsym() -> *mut c_void {
 #[no_mangle]
 pub unsafe extern "C" fn dlsym(handle: *mut c_void, name: *const c_char) -> *mut c_void {
     std::arch::naked_asm!(
+        // A valid indirect-branch target under CET (a NOP elsewhere).
+        "endbr64",
         // Keep the arguments; 8 more bytes align the stack to 16 for the calls.
         "push rdi",
         "push rsi",

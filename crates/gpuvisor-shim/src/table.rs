@@ -24,6 +24,17 @@ struct Entry {
     value: AtomicU64,
 }
 
+/// What [`Table::insert`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Insert {
+    /// Recorded.
+    New,
+    /// Recorded over a stale entry for the same key, whose (size, device) this is.
+    Replaced(u64, usize),
+    /// No room within the probe bound (or the table is not mapped): not recorded.
+    Full,
+}
+
 /// One map (pointers or handles). `capacity` is a power of two.
 pub struct Table {
     entries: AtomicPtr<Entry>,
@@ -120,18 +131,27 @@ impl Table {
         ((key >> 8).wrapping_add(window.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 40)) as usize
     }
 
-    /// Records `key -> (size, device)`. False if the table is full around `key` (or unmapped).
+    /// Records `key -> (size, device)`.
+    ///
+    /// Finding `key` already there means the driver handed the address out again, so the
+    /// memory it named was freed without a free call we saw (a destroyed context, a reset
+    /// device): the stale entry is replaced and returned, for its charge to be given back.
     #[inline]
-    pub fn insert(&self, key: u64, size: u64, device: usize) -> bool {
+    pub fn insert(&self, key: u64, size: u64, device: usize) -> Insert {
         if key <= RESERVED {
-            return false;
+            return Insert::Full;
         }
         let home = self.home(key);
         for i in 0..MAX_PROBE {
             let Some(e) = self.slot(home + i) else {
-                return false;
+                return Insert::Full;
             };
             let k = e.key.load(Ordering::Relaxed);
+            if k == key {
+                let old = e.value.swap(pack(size, device), Ordering::AcqRel);
+                let (old_size, old_device) = unpack(old);
+                return Insert::Replaced(old_size, old_device);
+            }
             if (k == EMPTY || k == TOMBSTONE)
                 && e.key
                     .compare_exchange(k, RESERVED, Ordering::Acquire, Ordering::Relaxed)
@@ -139,10 +159,10 @@ impl Table {
             {
                 e.value.store(pack(size, device), Ordering::Relaxed);
                 e.key.store(key, Ordering::Release);
-                return true;
+                return Insert::New;
             }
         }
-        false
+        Insert::Full
     }
 
     /// Removes `key`, returning its (size, device); None if unknown.
@@ -181,10 +201,14 @@ mod tests {
     #[test]
     fn insert_remove_and_bounded_probe() {
         let t = Table::new(1 << 10);
-        assert!(!t.insert(0x1000, 1, 0), "unmapped table refuses");
+        assert_eq!(
+            t.insert(0x1000, 1, 0),
+            Insert::Full,
+            "unmapped table refuses"
+        );
         assert!(t.map(false));
         for k in 1..=500u64 {
-            assert!(t.insert(k << 9, k, (k % 3) as usize));
+            assert_eq!(t.insert(k << 9, k, (k % 3) as usize), Insert::New);
         }
         for k in 1..=500u64 {
             assert_eq!(t.remove(k << 9), Some((k, (k % 3) as usize)));
@@ -194,15 +218,28 @@ mod tests {
         // Tombstones are reused: the table never fills up under churn.
         for round in 0..50u64 {
             for k in 1..=500u64 {
-                assert!(t.insert((k << 9) + round, k, 0));
+                assert_eq!(t.insert((k << 9) + round, k, 0), Insert::New);
             }
             for k in 1..=500u64 {
                 assert_eq!(t.remove((k << 9) + round), Some((k, 0)));
             }
         }
         // Overfill: inserts fail (caller counts them untracked) but never loop forever.
-        let failures = (1..=4000u64).filter(|k| !t.insert(k << 12, 1, 0)).count();
+        let failures = (1..=4000u64)
+            .filter(|k| t.insert(k << 12, 1, 0) == Insert::Full)
+            .count();
         assert!(failures >= 4000 - 1024);
+    }
+
+    #[test]
+    fn a_reused_address_replaces_its_stale_entry() {
+        let t = Table::new(1 << 10);
+        assert!(t.map(false));
+        assert_eq!(t.insert(0x7000_0000, 100, 1), Insert::New);
+        // Freed behind our back (context destroyed), then handed out again.
+        assert_eq!(t.insert(0x7000_0000, 300, 0), Insert::Replaced(100, 1));
+        assert_eq!(t.remove(0x7000_0000), Some((300, 0)));
+        assert_eq!(t.remove(0x7000_0000), None);
     }
 
     #[test]
@@ -221,7 +258,7 @@ mod tests {
                         let inserted: Vec<bool> = keys
                             .iter()
                             .enumerate()
-                            .map(|(i, k)| t.insert(*k, i as u64 + id, id as usize))
+                            .map(|(i, k)| t.insert(*k, i as u64 + id, id as usize) == Insert::New)
                             .collect();
                         for (i, k) in keys.iter().enumerate() {
                             if inserted[i] {

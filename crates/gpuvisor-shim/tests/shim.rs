@@ -140,8 +140,13 @@ fn uuid(i: usize) -> String {
 fn ledger(tag: &str, groups: &[GroupConfig]) -> (TempLedger, Ledger) {
     use std::sync::atomic::{AtomicU32, Ordering};
     static N: AtomicU32 = AtomicU32::new(0);
-    let path = PathBuf::from(format!(
-        "/dev/shm/gpuvisor-shimtest-{tag}-{}-{}",
+    let dir = if Path::new("/dev/shm").is_dir() {
+        PathBuf::from("/dev/shm")
+    } else {
+        std::env::temp_dir()
+    };
+    let path = dir.join(format!(
+        "gpuvisor-shimtest-{tag}-{}-{}",
         std::process::id(),
         N.fetch_add(1, Ordering::Relaxed)
     ));
@@ -530,4 +535,63 @@ fn frees_return_exact_sizes_under_many_threads() {
     assert_eq!(snap.processes[0].used_bytes[0], 0);
     assert_eq!(snap.untracked_allocations, 0);
     assert_eq!(snap.underflow_repairs, 0);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn dlsym_rtld_next_still_means_next_after_the_caller() {
+    let f = fixture();
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/rtld_next.c");
+    let src = src.to_str().unwrap();
+    let dir = f.fake_dir.to_str().unwrap();
+    let cc = |args: &[&str]| {
+        let out = Command::new("cc").args(args).output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    cc(&[
+        "-shared",
+        "-fPIC",
+        "-DLIB_A",
+        "-o",
+        &format!("{dir}/libnext_a.so"),
+        src,
+        "-ldl",
+    ]);
+    cc(&[
+        "-shared",
+        "-fPIC",
+        "-DLIB_B",
+        "-o",
+        &format!("{dir}/libnext_b.so"),
+        src,
+    ]);
+    let exe = format!("{dir}/rtld_next");
+    cc(&[
+        "-DMAIN",
+        "-o",
+        &exe,
+        src,
+        // Keep libnext_b although main does not reference it.
+        "-Wl,--no-as-needed",
+        &format!("-L{dir}"),
+        "-lnext_a",
+        "-lnext_b",
+        &format!("-Wl,-rpath,{dir}"),
+        "-ldl",
+    ]);
+    let out = Command::new(&exe)
+        .env("LD_PRELOAD", &f.shim)
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "next=42");
+    let out = Command::new(&exe).output().unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "next=42",
+        "without the shim"
+    );
 }
