@@ -167,19 +167,23 @@ fn the_command_gets_the_shim_ledger_and_framework_env_and_the_ledger_is_removed(
     );
 }
 
-#[test]
-fn sigterm_is_forwarded_and_the_summary_still_printed() {
+/// Starts `gpuvisor exec -- sleep 30`, sends `signal` to gpuvisor alone once the command runs,
+/// and returns gpuvisor's exit code and stderr.
+fn signal_gpuvisor(signal: &str) -> (Option<i32>, String, Duration) {
     let child = gpuvisor()
         .args(["exec", "--simulate", "1x16GiB", "--", "sleep", "30"])
+        .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    // Wait until the sleep runs (its parent is gpuvisor), then signal gpuvisor only.
     let started = Instant::now();
-    while !std::fs::read_to_string(format!("/proc/{}/task/{}/children", child.id(), child.id()))
-        .is_ok_and(|children| !children.trim().is_empty())
-    {
+    // The command runs once gpuvisor has two children (the sampler and the command).
+    let children = || {
+        std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", child.id()))
+            .unwrap_or_default()
+    };
+    while children().split_whitespace().count() < 2 {
         assert!(
             started.elapsed() < Duration::from_secs(20),
             "the command never started"
@@ -187,18 +191,37 @@ fn sigterm_is_forwarded_and_the_summary_still_printed() {
         std::thread::sleep(Duration::from_millis(20));
     }
     let status = std::process::Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
+        .args([signal, &child.id().to_string()])
         .status()
         .unwrap();
     assert!(status.success());
     let output = child.wait_with_output().unwrap();
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(143), "{stderr}");
+    (
+        output.status.code(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+        started.elapsed(),
+    )
+}
+
+#[test]
+fn sigterm_is_forwarded_and_the_summary_still_printed() {
+    let (code, stderr, elapsed) = signal_gpuvisor("-TERM");
+    assert_eq!(code, Some(143), "{stderr}");
     assert!(
         stderr.contains("`sleep 30` was killed by signal 15"),
         "{stderr}"
     );
-    assert!(started.elapsed() < Duration::from_secs(20));
+    assert!(elapsed < Duration::from_secs(20));
+}
+
+#[test]
+fn sigint_is_forwarded_when_not_on_a_terminal() {
+    let (code, stderr, _) = signal_gpuvisor("-INT");
+    assert_eq!(code, Some(130), "{stderr}");
+    assert!(
+        stderr.contains("`sleep 30` was killed by signal 2"),
+        "{stderr}"
+    );
 }
 
 #[test]

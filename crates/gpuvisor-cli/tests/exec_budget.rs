@@ -455,3 +455,58 @@ fn s1_without_gpuvisor_the_second_preallocation_fails() {
     rcs.sort();
     assert_eq!(rcs, [0, OUT_OF_MEMORY, OUT_OF_MEMORY], "{}", run.context());
 }
+
+#[test]
+fn budgets_hold_per_gpu_with_several_gpus_in_any_order() {
+    // --gpu 2,0: ordinal 0 is GPU 2 (an 8 GiB card), ordinal 1 is GPU 0.
+    let run = exec_program(
+        &[
+            "--simulate",
+            "2x16GiB,8GiB",
+            "--gpu",
+            "2,0",
+            "--mem-per-process",
+            "4GiB",
+        ],
+        linked(),
+        "init count ctx 1 info alloc 4GiB alloc 1MiB ctx 0 uuid info alloc 4GiB alloc 1MiB",
+    );
+    assert_eq!(run.code, Some(0), "{}", run.context());
+    assert_eq!(run.lines_of("count")[0].values, ["2"]);
+    assert_eq!(
+        run.lines_of("uuid")[0].values,
+        ["GPU-5111a7ed-0000-4000-8000-000000000002"]
+    );
+    assert!(
+        run.lines_of("info")
+            .iter()
+            .all(|line| line.value("total") == Some(4 * GIB)),
+        "{}",
+        run.context()
+    );
+    assert_eq!(
+        run.rcs("alloc"),
+        [0, OUT_OF_MEMORY, 0, OUT_OF_MEMORY],
+        "{}",
+        run.context()
+    );
+    assert_eq!(run.summary["gpus"], serde_json::json!([2, 0]));
+    let process = run.process(run.lines[0].pid).unwrap();
+    assert_eq!(
+        process["peak_bytes"],
+        serde_json::json!([4 * GIB, 4 * GIB]),
+        "{}",
+        run.context()
+    );
+    let devices: Vec<u64> = run.summary["denials"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|denial| denial["device"].as_u64().unwrap())
+        .collect();
+    assert_eq!(
+        devices,
+        [1, 0],
+        "denials name the ledger device (position in --gpu)"
+    );
+}

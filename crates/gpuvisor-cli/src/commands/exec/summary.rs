@@ -213,3 +213,78 @@ impl Summary {
         out
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn denial(pid: i32) -> Denial {
+        Denial {
+            pid,
+            device: 1,
+            size_bytes: 2 << 30,
+            used_bytes: 3 << 30,
+            limit_bytes: 4 << 30,
+            limit: "group".to_string(),
+        }
+    }
+
+    #[test]
+    fn renders_peaks_per_gpu_denials_and_violators() {
+        let observed = Observed {
+            processes: vec![
+                ProcessRecord {
+                    pid: 10,
+                    command: "old name".into(),
+                    peak_bytes: vec![1 << 30, 3 << 30],
+                    denied_count: 0,
+                    cpu_only_violation: false,
+                },
+                ProcessRecord {
+                    pid: 11,
+                    command: "worker.py".into(),
+                    peak_bytes: vec![0, 0],
+                    denied_count: 12,
+                    cpu_only_violation: false,
+                },
+                ProcessRecord {
+                    pid: 12,
+                    command: "/usr/bin/python3 collect.py".into(),
+                    peak_bytes: vec![],
+                    denied_count: 0,
+                    cpu_only_violation: true,
+                },
+            ],
+            denials: (0..12).map(|_| denial(11)).collect(),
+            denials_total: 12,
+            events_lost: 0,
+            ledger_damaged: false,
+        };
+        let command = vec!["python".to_string(), "train.py".to_string()];
+        let summary = Summary::new(
+            observed,
+            command,
+            10,
+            vec![3, 5],
+            0,
+            None,
+            Duration::from_millis(1500),
+        );
+        let text = summary.render();
+        let expected = "\
+gpuvisor: `python train.py` exited with status 0 after 1.5 s
+  PID  PEAK (GPUs 3,5)   DENIED  COMMAND
+  10   1.0 GiB, 3.0 GiB  0       python train.py
+  11   0 B, 0 B          12      worker.py
+  denied allocations: 12
+";
+        assert!(text.starts_with(expected), "{text}");
+        assert_eq!(
+            text.matches("refused on GPU 5 (3.0 GiB in use of a 4.0 GiB group limit)")
+                .count(),
+            10
+        );
+        assert!(text.contains("    ... and 2 more\n"), "{text}");
+        assert!(text.ends_with("  CPU-only violations: 1 process(es) tried to use CUDA and were refused\n    pid 12: /usr/bin/python3 collect.py\n"), "{text}");
+    }
+}
