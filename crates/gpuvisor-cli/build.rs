@@ -17,10 +17,15 @@ fn main() {
     let crates = manifest.parent().expect("crates directory").to_path_buf();
     let out = PathBuf::from(std::env::var("OUT_DIR").expect("OUT_DIR"));
     for name in ["gpuvisor-ledger", "gpuvisor-shim", "gpuvisor-sim"] {
-        println!(
-            "cargo:rerun-if-changed={}",
-            crates.join(name).join("src").display()
+        let source = crates.join(name).join("src");
+        // The libraries are built from the workspace's sources; a lone CLI package has none.
+        assert!(
+            source.join("lib.rs").is_file(),
+            "gpuvisor-cli embeds {name}, but its sources are not at {}: build gpuvisor from the \
+             workspace (cargo install --path crates/gpuvisor-cli)",
+            source.display()
         );
+        println!("cargo:rerun-if-changed={}", source.display());
     }
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-changed=src/sha256.rs");
