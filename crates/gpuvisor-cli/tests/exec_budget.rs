@@ -4,7 +4,7 @@
 
 mod driver;
 
-use driver::{barrier_dir, exec_program, exec_shell, linked, programs, GIB};
+use driver::{barrier_dir, exec, exec_program, exec_shell, linked, programs, GIB};
 
 const OUT_OF_MEMORY: i32 = 2;
 
@@ -509,4 +509,45 @@ fn budgets_hold_per_gpu_with_several_gpus_in_any_order() {
         [1, 0],
         "denials name the ledger device (position in --gpu)"
     );
+}
+
+#[test]
+fn a_gpu_outside_the_job_is_fenced_off() {
+    // The command resets CUDA_VISIBLE_DEVICES to GPU 1, which `--gpu 0` did not give it: the
+    // ledger knows GPU 1 with a zero budget, so nothing can be allocated there.
+    let program = linked().to_str().unwrap();
+    let run = exec(
+        &["--simulate", "2x16GiB", "--gpu", "0", "--mem", "4GiB"],
+        &[
+            "env",
+            "CUDA_VISIBLE_DEVICES=GPU-5111a7ed-0000-4000-8000-000000000001",
+            program,
+            "init",
+            "ctx",
+            "0",
+            "uuid",
+            "info",
+            "alloc",
+            "1MiB",
+        ],
+    );
+    assert_eq!(run.code, Some(0), "{}", run.context());
+    assert_eq!(
+        run.lines_of("uuid")[0].values,
+        ["GPU-5111a7ed-0000-4000-8000-000000000001"]
+    );
+    assert_eq!(
+        run.lines_of("info")[0].value("total"),
+        Some(0),
+        "{}",
+        run.context()
+    );
+    assert_eq!(run.rcs("alloc"), [OUT_OF_MEMORY], "{}", run.context());
+    assert_eq!(run.summary["gpus"], serde_json::json!([0]));
+    let denial = &run.summary["denials"][0];
+    assert_eq!(
+        denial["device"], 1,
+        "the fenced GPU follows the job's in the ledger"
+    );
+    assert_eq!(denial["limit_bytes"], 0, "{}", run.context());
 }

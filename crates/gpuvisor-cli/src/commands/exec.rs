@@ -25,7 +25,7 @@ use gpuvisor_core::size::{parse_size, ByteSize, MIB};
 use gpuvisor_core::spec::{DeviceKind, Enforcement, Framework};
 use gpuvisor_ledger::{
     DeviceInfo, GroupConfig, Ledger, ENV_CHILDREN_CPU_ONLY, ENV_CPU_ONLY, ENV_GROUP, ENV_LEDGER,
-    ENV_ROOT_PID,
+    ENV_ROOT_PID, NO_LIMIT,
 };
 
 use crate::cli::{ExecArgs, ExecChildArgs};
@@ -67,10 +67,26 @@ pub fn run(args: ExecArgs) -> Result<ExitCode, Failure> {
     };
     let libraries = shim::install(simulate.is_some())?;
 
+    // The machine's other GPUs go into the ledger too, with a zero budget: a process that makes
+    // one visible again (resetting CUDA_VISIBLE_DEVICES) is refused there instead of escaping.
+    let fenced: Vec<PlacedDevice> = match &inventory {
+        Some(inventory) if !args.cpu_only => inventory
+            .gpus
+            .iter()
+            .filter(|gpu| !devices.iter().any(|device| device.index == gpu.index))
+            .map(|gpu| PlacedDevice {
+                index: gpu.index,
+                uuid: gpu.uuid.clone(),
+                total_bytes: gpu.total_bytes,
+            })
+            .collect(),
+        _ => Vec::new(),
+    };
     let ledger_path = runtime_path("ledger");
-    let group = group_config(&args, budget, devices.len());
+    let group = group_config(&args, budget, devices.len(), fenced.len());
     let ledger_devices: Vec<DeviceInfo> = devices
         .iter()
+        .chain(&fenced)
         .map(|gpu| DeviceInfo {
             uuid: gpu.uuid.clone(),
             total_bytes: gpu.total_bytes,
@@ -143,7 +159,8 @@ pub fn run(args: ExecArgs) -> Result<ExitCode, Failure> {
         observed,
         args.command.clone(),
         child_id,
-        devices.iter().map(|gpu| gpu.index).collect(),
+        devices.iter().chain(&fenced).map(|gpu| gpu.index).collect(),
+        devices.len(),
         exit_status,
         signal,
         elapsed,
@@ -252,13 +269,27 @@ fn select_gpus(
     Ok(devices)
 }
 
-fn group_config(args: &ExecArgs, budget: Budget, device_count: usize) -> GroupConfig {
+/// The one budget group of an `exec`: the budget on the job's `device_count` GPUs, and zero on
+/// the `fenced_count` GPUs after them.
+fn group_config(
+    args: &ExecArgs,
+    budget: Budget,
+    device_count: usize,
+    fenced_count: usize,
+) -> GroupConfig {
     let mut group = GroupConfig::unlimited("exec");
-    match budget {
-        Budget::Group(bytes) => group.limit_bytes = vec![bytes; device_count],
-        Budget::PerProcess(bytes) => group.per_process_limit_bytes = vec![bytes; device_count],
-        Budget::None => {}
-    }
+    let (group_limit, process_limit) = match budget {
+        Budget::Group(bytes) => (bytes, NO_LIMIT),
+        Budget::PerProcess(bytes) => (NO_LIMIT, bytes),
+        Budget::None => (NO_LIMIT, NO_LIMIT),
+    };
+    let fence = std::iter::repeat_n(0, fenced_count);
+    group.limit_bytes = std::iter::repeat_n(group_limit, device_count)
+        .chain(fence.clone())
+        .collect();
+    group.per_process_limit_bytes = std::iter::repeat_n(process_limit, device_count)
+        .chain(fence)
+        .collect();
     group.cpu_only = args.cpu_only;
     group.children_cpu_only = args.children_cpu_only;
     group

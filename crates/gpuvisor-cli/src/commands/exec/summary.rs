@@ -72,6 +72,10 @@ pub struct Summary {
     pub seconds: f64,
     /// The GPUs of the job (NVML indices).
     pub gpus: Vec<u32>,
+    /// The NVML index of every device in the ledger: the job's GPUs, then the machine's other
+    /// GPUs, which the ledger fences off with a zero budget.
+    #[serde(skip)]
+    ledger_gpus: Vec<u32>,
     /// Every process that registered with the ledger or was refused, by pid.
     pub processes: Vec<ProcessRecord>,
     /// Refused allocations, oldest first (at most [`MAX_DENIALS_KEPT`]).
@@ -87,11 +91,15 @@ pub struct Summary {
 impl Summary {
     /// The summary of a run: what was observed, the command's outcome, and its command line
     /// for its own pid (it may have exited before a sample could read it from /proc).
+    /// `ledger_gpus` maps ledger device positions to NVML indices; the first `job_gpu_count`
+    /// are the job's GPUs.
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         mut observed: Observed,
         command: Vec<String>,
         child_pid: i32,
-        gpus: Vec<u32>,
+        ledger_gpus: Vec<u32>,
+        job_gpu_count: usize,
         exit_status: i32,
         signal: Option<i32>,
         elapsed: Duration,
@@ -103,12 +111,18 @@ impl Summary {
         {
             record.command = command.join(" ");
         }
+        // Fenced GPUs have a zero budget, so nothing can peak there: only the job's GPUs show.
+        for record in &mut observed.processes {
+            record.peak_bytes.truncate(job_gpu_count);
+        }
+        let gpus = ledger_gpus[..job_gpu_count.min(ledger_gpus.len())].to_vec();
         Summary {
             command,
             exit_status,
             signal,
             seconds: elapsed.as_secs_f64(),
             gpus,
+            ledger_gpus,
             processes: observed.processes,
             denials: observed.denials,
             denials_total: observed.denials_total,
@@ -170,17 +184,25 @@ impl Summary {
         if !self.denials.is_empty() {
             out.push_str(&format!("  denied allocations: {}\n", self.denials_total));
             for denial in self.denials.iter().take(10) {
+                let gpu = self
+                    .ledger_gpus
+                    .get(denial.device as usize)
+                    .copied()
+                    .unwrap_or(denial.device);
+                let why = if (denial.device as usize) >= self.gpus.len() {
+                    "not one of this job's GPUs".to_string()
+                } else {
+                    format!(
+                        "{} in use of a {} {} limit",
+                        ByteSize(denial.used_bytes),
+                        ByteSize(denial.limit_bytes),
+                        denial.limit
+                    )
+                };
                 out.push_str(&format!(
-                    "    pid {}: {} refused on GPU {} ({} in use of a {} {} limit)\n",
+                    "    pid {}: {} refused on GPU {gpu} ({why})\n",
                     denial.pid,
                     ByteSize(denial.size_bytes),
-                    self.gpus
-                        .get(denial.device as usize)
-                        .copied()
-                        .unwrap_or(denial.device),
-                    ByteSize(denial.used_bytes),
-                    ByteSize(denial.limit_bytes),
-                    denial.limit
                 ));
             }
             if self.denials_total > 10 {
