@@ -288,6 +288,7 @@ mod tests {
             command,
             10,
             vec![3, 5],
+            2,
             0,
             None,
             Duration::from_millis(1500),
