@@ -50,7 +50,7 @@ static DEVICE_MAP: [AtomicI32; MAX_ORDINALS] =
 /// Device pointer → (size, device): 1M entries (16 MiB of address space, touched on use).
 pub static POINTERS: Table = Table::new(1 << 20);
 /// VMM handle → (size, device).
-pub static HANDLES: Table = Table::new(1 << 18);
+pub static HANDLES: Table = Table::new_scattered(1 << 18);
 
 /// The ledger, once initialised; None = pass everything through.
 #[inline]

@@ -39,6 +39,8 @@ pub enum Insert {
 pub struct Table {
     entries: AtomicPtr<Entry>,
     capacity: usize,
+    /// Keys are opaque handles, not device addresses: hash every bit (see [`Table::home`]).
+    scattered: bool,
 }
 
 /// Packs a size (< 2^56) and a device index (< 256) into one word.
@@ -51,11 +53,24 @@ fn unpack(value: u64) -> (u64, usize) {
 }
 
 impl Table {
-    /// An unmapped table of `capacity` entries (a power of two); call [`Table::map`] first.
+    /// An unmapped table of `capacity` entries (a power of two) keyed by device addresses;
+    /// call [`Table::map`] first.
     pub const fn new(capacity: usize) -> Table {
         Table {
             entries: AtomicPtr::new(std::ptr::null_mut()),
             capacity,
+            scattered: false,
+        }
+    }
+
+    /// Like [`Table::new`], for opaque keys such as VMM handles. Drivers hand those out densely
+    /// (a counter, or small structures a few bytes apart), so the address-locality layout would
+    /// put hundreds of them on one home entry and overflow the probe bound after a few dozen.
+    pub const fn new_scattered(capacity: usize) -> Table {
+        Table {
+            entries: AtomicPtr::new(std::ptr::null_mut()),
+            capacity,
+            scattered: true,
         }
     }
 
@@ -122,6 +137,10 @@ impl Table {
 
     #[inline]
     fn home(&self, key: u64) -> usize {
+        if self.scattered {
+            // Fibonacci hashing of the whole key: consecutive keys land far apart.
+            return (key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) as usize;
+        }
         // Locality first: within a 256 MiB window, addresses map linearly (256-byte steps, the
         // driver's smallest alignment), so neighbouring allocations share cache lines and a
         // driver that reuses freed ranges hits warm entries. Each window starts at a
@@ -229,6 +248,27 @@ mod tests {
             .filter(|k| t.insert(k << 12, 1, 0) == Insert::Full)
             .count();
         assert!(failures >= 4000 - 1024);
+    }
+
+    #[test]
+    fn dense_handles_all_fit_in_a_scattered_table() {
+        // Counter-like handles (step 1, the C fake) and small-structure handles (step 16,
+        // gpuvisor-sim): thousands live at once, none may overflow the probe bound.
+        for step in [1u64, 16, 64] {
+            let t = Table::new_scattered(1 << 14);
+            assert!(t.map(false));
+            let keys: Vec<u64> = (0..4000u64).map(|i| 0x5151_0000 + i * step).collect();
+            for (i, k) in keys.iter().enumerate() {
+                assert_eq!(
+                    t.insert(*k, i as u64, 0),
+                    Insert::New,
+                    "step {step}, key {i}"
+                );
+            }
+            for (i, k) in keys.iter().enumerate() {
+                assert_eq!(t.remove(*k), Some((i as u64, 0)));
+            }
+        }
     }
 
     #[test]

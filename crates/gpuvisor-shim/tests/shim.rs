@@ -595,3 +595,39 @@ fn dlsym_rtld_next_still_means_next_after_the_caller() {
         "without the shim"
     );
 }
+
+/// Creates `count` VMM handles of `size` bytes each on device 0, then releases them all.
+fn create_many(count: usize, size: u64) -> String {
+    let mut script = String::from("init ctx 0");
+    for _ in 0..count {
+        script.push_str(&format!(" create 0 {size}"));
+    }
+    script.push_str(" free-all");
+    script
+}
+
+#[test]
+fn many_vmm_handles_are_all_charged() {
+    // Drivers hand out VMM handles densely (the fake counts up by one, gpuvisor-sim by 16):
+    // every one of them must be tracked, or the budget stops being enforced after a few dozen
+    // (PyTorch expandable_segments creates one handle per segment page).
+    let (path, ledger) = ledger("handles", &[group(100 * MIB, NO_LIMIT)]);
+    let out = run("linked", Some(&path.0), &[], &create_many(300, MIB));
+    let lines = stdout(&out);
+    let ok = lines.iter().filter(|l| *l == "create rc=0").count();
+    let refused = lines.iter().filter(|l| *l == "create rc=2").count();
+    assert_eq!(
+        (ok, refused),
+        (100, 200),
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(lines.last().map(String::as_str), Some("free-all rc=0"));
+    let snap = ledger.snapshot();
+    assert_eq!(snap.untracked_allocations, 0);
+    assert_eq!(snap.groups[0].peak_bytes[0], 100 * MIB);
+    assert_eq!(
+        snap.groups[0].used_bytes[0], 0,
+        "every release returned its charge"
+    );
+}
