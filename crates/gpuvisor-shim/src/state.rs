@@ -204,7 +204,8 @@ fn register(ledger: &Ledger) -> Option<SlotId> {
             }
         }
     }
-    match ledger.register_current_process(GROUP.load(Ordering::Relaxed)) {
+    // Once per image: a slot this pid held before an exec is stale (see the ledger's docs).
+    match ledger.register_current_image(GROUP.load(Ordering::Relaxed)) {
         Ok(id) => {
             SLOT.store(
                 SLOT_VALID | (id.index as u64) << 32 | id.group as u64,

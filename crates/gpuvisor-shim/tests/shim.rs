@@ -631,3 +631,44 @@ fn many_vmm_handles_are_all_charged() {
         "every release returned its charge"
     );
 }
+
+#[test]
+fn a_process_that_execs_itself_does_not_keep_its_old_charges() {
+    // exec keeps the pid (and the start time) but ends every CUDA allocation of the old image.
+    // The new image must not find the old one's charges still counted against the budget.
+    let (path, ledger) = ledger("exec", &[group(GIB, NO_LIMIT)]);
+    let a = 600 * MIB;
+    let script =
+        format!("init ctx 0 alloc {a} exec init ctx 0 alloc {a} exec init ctx 0 alloc {a} info");
+    let out = run("linked", Some(&path.0), &[], &script);
+    assert_eq!(
+        stdout(&out),
+        vec![
+            "init rc=0".to_string(),
+            "ctx rc=0".into(),
+            "alloc rc=0".into(),
+            "init rc=0".into(),
+            "ctx rc=0".into(),
+            "alloc rc=0".into(),
+            "init rc=0".into(),
+            "ctx rc=0".into(),
+            "alloc rc=0".into(),
+            format!("info rc=0 free={} total={GIB}", GIB - a),
+        ],
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let snap = ledger.snapshot();
+    assert_eq!(
+        snap.processes.len(),
+        1,
+        "one slot per process, not per image"
+    );
+    assert_eq!(snap.groups[0].used_bytes[0], a);
+    assert_eq!(snap.underflow_repairs, 0);
+}

@@ -4,7 +4,8 @@
  * The rest of argv is a script; each command prints "<command> rc=<result> [values]":
  *   init | ctx DEV | newctx DEV | info | total DEV | alloc BYTES | pitch W H | managed BYTES
  *   async BYTES | pool BYTES | create DEV BYTES | free-all | fork (child runs the rest, parent
- *   waits and prints "child exit=<status>") | exit
+ *   waits and prints "child exit=<status>") | exec (the same pid runs the rest as a fresh image
+ *   of this program; its CUDA state is gone, as after any exec) | exit
  * Build: cc client.c -L<fake dir> -l:libcuda.so.1 -ldl -o client */
 #include <dlfcn.h>
 #include <stdio.h>
@@ -149,6 +150,14 @@ int main(int argc, char **argv) {
             waitpid(pid, &status, 0);
             printf("child exit=%d\n", WEXITSTATUS(status));
             return 0;
+        } else if (!strcmp(c, "exec")) {
+            char **rest = calloc(argc, sizeof *rest);
+            rest[0] = argv[0];
+            rest[1] = argv[1];
+            for (int k = i + 1; k < argc; k++) rest[k - i + 1] = argv[k];
+            execv("/proc/self/exe", rest);
+            printf("exec failed\n");
+            return 66;
         } else if (!strcmp(c, "exit")) return 0;
         else { printf("bad command %s\n", c); return 64; }
     }
