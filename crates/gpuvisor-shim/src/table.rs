@@ -155,26 +155,41 @@ impl Table {
     /// Finding `key` already there means the driver handed the address out again, so the
     /// memory it named was freed without a free call we saw (a destroyed context, a reset
     /// device): the stale entry is replaced and returned, for its charge to be given back.
+    /// The search for it runs to the first never-used entry, past tombstones: a stale entry
+    /// behind a tombstone would otherwise be duplicated and its charge kept forever.
     #[inline]
     pub fn insert(&self, key: u64, size: u64, device: usize) -> Insert {
         if key <= RESERVED {
             return Insert::Full;
         }
         let home = self.home(key);
-        for i in 0..MAX_PROBE {
-            let Some(e) = self.slot(home + i) else {
+        // One more pass each time another thread takes the free entry we picked.
+        for _ in 0..MAX_PROBE {
+            let mut free = None;
+            for i in 0..MAX_PROBE {
+                let Some(e) = self.slot(home + i) else {
+                    return Insert::Full;
+                };
+                let k = e.key.load(Ordering::Acquire);
+                if k == key {
+                    let old = e.value.swap(pack(size, device), Ordering::AcqRel);
+                    let (old_size, old_device) = unpack(old);
+                    return Insert::Replaced(old_size, old_device);
+                }
+                if k == EMPTY || k == TOMBSTONE {
+                    free = free.or(Some((e, k)));
+                    if k == EMPTY {
+                        // Nothing was ever stored past here on this probe sequence.
+                        break;
+                    }
+                }
+            }
+            let Some((e, k)) = free else {
                 return Insert::Full;
             };
-            let k = e.key.load(Ordering::Relaxed);
-            if k == key {
-                let old = e.value.swap(pack(size, device), Ordering::AcqRel);
-                let (old_size, old_device) = unpack(old);
-                return Insert::Replaced(old_size, old_device);
-            }
-            if (k == EMPTY || k == TOMBSTONE)
-                && e.key
-                    .compare_exchange(k, RESERVED, Ordering::Acquire, Ordering::Relaxed)
-                    .is_ok()
+            if e.key
+                .compare_exchange(k, RESERVED, Ordering::Acquire, Ordering::Relaxed)
+                .is_ok()
             {
                 e.value.store(pack(size, device), Ordering::Relaxed);
                 e.key.store(key, Ordering::Release);
@@ -248,6 +263,22 @@ mod tests {
             .filter(|k| t.insert(k << 12, 1, 0) == Insert::Full)
             .count();
         assert!(failures >= 4000 - 1024);
+    }
+
+    #[test]
+    fn a_reused_address_behind_a_tombstone_still_replaces_its_stale_entry() {
+        let t = Table::new(1 << 10);
+        assert!(t.map(false));
+        // Same home entry: `b` sits one step behind `a`.
+        let (a, b) = (0x7000_0000u64, 0x7000_0010u64);
+        assert_eq!(t.insert(a, 1, 0), Insert::New);
+        assert_eq!(t.insert(b, 200, 0), Insert::New);
+        assert_eq!(t.remove(a), Some((1, 0)));
+        // `b` freed behind our back and handed out again: the tombstone `a` left in front of
+        // it must not hide the stale entry (a duplicate would keep its charge forever).
+        assert_eq!(t.insert(b, 300, 0), Insert::Replaced(200, 0));
+        assert_eq!(t.remove(b), Some((300, 0)));
+        assert_eq!(t.remove(b), None, "no stale duplicate left behind");
     }
 
     #[test]
