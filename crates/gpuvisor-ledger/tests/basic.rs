@@ -393,3 +393,26 @@ fn a_new_image_of_the_same_process_releases_the_old_images_slot() {
     assert_eq!(released[0].used_bytes, vec![8 * GIB]);
     assert_eq!(ledger.snapshot().groups[0].used_bytes[0], 2 * GIB);
 }
+
+#[test]
+fn only_regular_files_are_opened() {
+    let fifo = TempPath::new("fifo");
+    assert!(std::process::Command::new("mkfifo")
+        .arg(&fifo.0)
+        .status()
+        .unwrap()
+        .success());
+    for (path, what) in [
+        (fifo.0.as_path(), "a FIFO"),
+        (std::path::Path::new("/dev/null"), "a device"),
+        (std::path::Path::new("/"), "a directory"),
+    ] {
+        let err = Ledger::open(path).err().expect("not a ledger");
+        let text = err.to_string();
+        assert!(
+            text.contains(&format!("not a regular file ({what})")),
+            "{text}"
+        );
+        assert!(text.contains("\nhint: "), "{text}");
+    }
+}

@@ -118,20 +118,18 @@ fn init() {
         });
         match (Ledger::open(path), group) {
             (_, Some(None)) => sys::stderr_line(
-                "GPUVISOR_GROUP is not a number; passing all CUDA calls through unlimited",
+                "GPUVISOR_GROUP is not a number; passing all CUDA calls through unlimited; hint: gpuvisor sets it to the index of the process's budget group",
             ),
-            (Err(e), _) => {
-                let first_line = e.to_string();
-                let first_line = first_line.lines().next().unwrap_or("");
-                sys::stderr_line(&format!(
-                    "{first_line}; passing all CUDA calls through unlimited"
-                ));
-            }
+            (Err(e), _) => sys::stderr_line(&one_line(
+                &e.to_string(),
+                "passing all CUDA calls through unlimited",
+            )),
             (Ok(ledger), group) => {
                 let group = group.flatten().unwrap_or(0);
                 if group as usize >= ledger.group_count() {
                     sys::stderr_line(&format!(
-                        "GPUVISOR_GROUP={group} but the ledger has {} groups; passing all CUDA calls through unlimited",
+                        "GPUVISOR_GROUP={group} but the ledger has {} groups; passing all CUDA calls through unlimited; hint: GPUVISOR_GROUP must be below {}",
+                        ledger.group_count(),
                         ledger.group_count()
                     ));
                 } else if !(POINTERS.map(false) && HANDLES.map(false)) {
@@ -150,6 +148,15 @@ fn init() {
     CHILDREN_CPU_ONLY.store(children_cpu_only, Ordering::Relaxed);
     decide_cpu_only();
     INIT.store(INIT_DONE, Ordering::Release);
+}
+
+/// A ledger error (`what failed\nhint: fix`) as one stderr line: what failed, then what the
+/// shim does about it, then the hint.
+fn one_line(error: &str, consequence: &str) -> String {
+    match error.split_once('\n') {
+        Some((what, hint)) => format!("{what}; {consequence}; {}", hint.replace('\n', " ")),
+        None => format!("{error}; {consequence}"),
+    }
 }
 
 /// Yields while `busy()` holds, at most ~10k times (milliseconds; registration and
@@ -214,10 +221,9 @@ fn register(ledger: &Ledger) -> Option<SlotId> {
             Some(id)
         }
         Err(e) => {
-            let text = e.to_string();
-            sys::stderr_line(&format!(
-                "{}; this process's allocations pass through uncounted",
-                text.lines().next().unwrap_or("")
+            sys::stderr_line(&one_line(
+                &e.to_string(),
+                "this process's allocations pass through uncounted",
             ));
             SLOT.store(SLOT_FAILED, Ordering::Release);
             None

@@ -672,3 +672,143 @@ fn a_process_that_execs_itself_does_not_keep_its_old_charges() {
     assert_eq!(snap.groups[0].used_bytes[0], a);
     assert_eq!(snap.underflow_repairs, 0);
 }
+
+/// Runs the client like [`run`] with `GPUVISOR_LEDGER=ledger_path`, killing it after 20 s
+/// (a shim that blocks opening its ledger must fail the test, not hang it).
+fn run_bounded(ledger_path: &Path, env: &[(&str, &str)], script: &str) -> Output {
+    use std::io::Read;
+    let f = fixture();
+    let mut cmd = Command::new(&f.client);
+    cmd.arg("linked")
+        .args(script.split_whitespace())
+        .env("LD_LIBRARY_PATH", &f.fake_dir)
+        .env("LD_PRELOAD", &f.shim)
+        .env("GPUVISOR_LEDGER", ledger_path)
+        .env("GPUVISOR_GROUP", "0")
+        .env_remove("GPUVISOR_ROOT_PID")
+        .env_remove("GPUVISOR_CPU_ONLY")
+        .env_remove("GPUVISOR_CHILDREN_CPU_ONLY")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            child.kill().unwrap();
+            child.wait().unwrap();
+            panic!("client hung with GPUVISOR_LEDGER={}", ledger_path.display());
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
+    child
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_end(&mut stdout)
+        .unwrap();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_end(&mut stderr)
+        .unwrap();
+    Output {
+        status,
+        stdout,
+        stderr,
+    }
+}
+
+#[test]
+fn unusable_ledgers_mean_one_line_and_pass_through_never_a_hang() {
+    let dir =
+        Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("bad-ledgers-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let fifo = dir.join("fifo");
+    let _ = std::fs::remove_file(&fifo);
+    let made = Command::new("mkfifo").arg(&fifo).status().unwrap();
+    assert!(made.success());
+    // A ledger of another layout version (the supervisor and the shim from different builds).
+    let (other_version, _keep) = ledger("version", &[group(GIB, NO_LIMIT)]);
+    {
+        use std::os::unix::fs::FileExt;
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&other_version.0)
+            .unwrap();
+        file.write_all_at(&99u32.to_ne_bytes(), 8).unwrap();
+    }
+    let (good, _good_ledger) = ledger("groups", &[group(GIB, NO_LIMIT)]);
+    // (what, GPUVISOR_LEDGER, extra env, what the one line must say)
+    type Case<'a> = (&'a str, PathBuf, Vec<(&'a str, &'a str)>, &'a str);
+    let cases: Vec<Case> = vec![
+        (
+            "directory",
+            dir.clone(),
+            vec![],
+            "not a regular file (a directory)",
+        ),
+        (
+            "/dev/zero",
+            "/dev/zero".into(),
+            vec![],
+            "not a regular file (a device)",
+        ),
+        (
+            "/dev/null",
+            "/dev/null".into(),
+            vec![],
+            "not a regular file (a device)",
+        ),
+        ("fifo", fifo.clone(), vec![], "not a regular file (a FIFO)"),
+        ("missing", dir.join("missing"), vec![], "No such file"),
+        (
+            "version",
+            other_version.0.clone(),
+            vec![],
+            "layout version 99",
+        ),
+        (
+            "group 7",
+            good.0.clone(),
+            vec![("GPUVISOR_GROUP", "7")],
+            "has 1 groups",
+        ),
+        (
+            "group -1",
+            good.0.clone(),
+            vec![("GPUVISOR_GROUP", "-1")],
+            "not a number",
+        ),
+    ];
+    for (what, path, env, says) in cases {
+        let out = run_bounded(&path, &env, &format!("init ctx 0 alloc {} info", 100 * GIB));
+        let lines = stdout(&out);
+        assert_eq!(
+            lines[..3],
+            ["init rc=0", "ctx rc=0", "alloc rc=0"],
+            "{what}"
+        );
+        assert!(lines[3].starts_with("info rc=0"), "{what}: {lines:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(stderr.lines().count(), 1, "{what}: {stderr}");
+        assert!(stderr.contains(says), "{what}: {stderr}");
+        assert!(
+            stderr.contains("; hint: "),
+            "{what}: the fix is on the same line: {stderr}"
+        );
+        assert!(
+            stderr.starts_with("gpuvisor-shim: ")
+                && stderr.contains("passing all CUDA calls through"),
+            "{what}: {stderr}"
+        );
+    }
+    let _ = std::fs::remove_file(&fifo);
+}
