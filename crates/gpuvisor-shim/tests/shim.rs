@@ -812,3 +812,68 @@ fn unusable_ledgers_mean_one_line_and_pass_through_never_a_hang() {
     }
     let _ = std::fs::remove_file(&fifo);
 }
+
+#[test]
+fn without_any_driver_programs_run_silently_and_find_no_driver() {
+    let f = fixture();
+    let exe = f.fake_dir.join("nodriver");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/nodriver.c");
+    let out = Command::new("cc")
+        .args(["-o", exe.to_str().unwrap(), src.to_str().unwrap(), "-ldl"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (ledger_path, _ledger) = ledger("nodriver", &[group(GIB, NO_LIMIT)]);
+    let bad_ledger = Path::new("/dev/null");
+    for (what, ledger_env) in [
+        ("good ledger", ledger_path.0.as_path()),
+        ("bad ledger", bad_ledger),
+    ] {
+        let shimmed = |program: &Path, args: &[&str]| {
+            Command::new(program)
+                .args(args)
+                .env_remove("LD_LIBRARY_PATH") // no libcuda.so.1 anywhere
+                .env("LD_PRELOAD", &f.shim)
+                .env("GPUVISOR_LEDGER", ledger_env)
+                .env("GPUVISOR_GROUP", "0")
+                .output()
+                .unwrap()
+        };
+        let out = shimmed(&exe, &[]);
+        assert!(out.status.success(), "{what}");
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout).trim(),
+            "libcuda=none cuInit=none cuMemAlloc_v2=none cuGetProcAddress_v2=none cuMemcpy=none",
+            "{what}"
+        );
+        assert!(
+            out.stderr.is_empty(),
+            "{what}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        // A program that never touches CUDA: same output as without the shim, nothing more.
+        let ls = Path::new("/bin/ls");
+        let out = shimmed(ls, &["-a", f.fake_dir.to_str().unwrap()]);
+        let plain = Command::new(ls)
+            .args(["-a", f.fake_dir.to_str().unwrap()])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{what}");
+        assert_eq!(out.stdout, plain.stdout, "{what}");
+        assert!(
+            out.stderr.is_empty(),
+            "{what}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    assert!(ledger_path.0.exists());
+    assert_eq!(
+        _ledger.snapshot().processes.len(),
+        0,
+        "no CUDA use, no slot"
+    );
+}
