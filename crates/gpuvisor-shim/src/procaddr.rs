@@ -55,8 +55,8 @@ fn hooked_by_name(name: &[u8]) -> Option<Sym> {
 }
 
 /// [`gpuvisor_shim_dlsym_lookup`]'s answer "the symbol does not exist": return NULL without
-/// asking libc (which would find the shim's own export).
-const ANSWER_NULL: *mut c_void = 1 as *mut c_void;
+/// asking libc (which would find the shim's own export). The trampoline compares with 1.
+const ANSWER_NULL: *mut c_void = std::ptr::without_provenance_mut(1);
 
 /// What our `dlsym` returns for `name`: our hook if we wrap that symbol and the real driver has
 /// it; [`ANSWER_NULL`] if we wrap it, the driver lacks it, and libc would only find our own
