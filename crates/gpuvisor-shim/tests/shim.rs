@@ -877,3 +877,39 @@ fn without_any_driver_programs_run_silently_and_find_no_driver() {
         "no CUDA use, no slot"
     );
 }
+
+#[test]
+fn per_thread_default_stream_variants_from_get_proc_address_are_charged() {
+    // Code built with --default-stream per-thread asks cuGetProcAddress with
+    // CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM and gets the _ptsz entry points.
+    let (path, ledger) = ledger("ptsz", &[group(GIB, NO_LIMIT)]);
+    let script = format!(
+        "init ctx 0 async {a} async {a} pool {p} info free-all info ptsz-calls",
+        a = 600 * MIB,
+        p = 100 * MIB
+    );
+    let out = run(
+        "procaddr",
+        Some(&path.0),
+        &[("CLIENT_PER_THREAD_STREAM", "1")],
+        &script,
+    );
+    assert_eq!(
+        stdout(&out),
+        vec![
+            "init rc=0".to_string(),
+            "ctx rc=0".into(),
+            "async rc=0".into(),
+            "async rc=2".into(),
+            "pool rc=0".into(),
+            format!("info rc=0 free={} total={GIB}", GIB - 700 * MIB),
+            "free-all rc=0".into(),
+            format!("info rc=0 free={GIB} total={GIB}"),
+            // async, pool, and the cuMemFreeAsync of the pool allocation: the _ptsz twins.
+            "ptsz-calls 3".into(),
+        ],
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(ledger.snapshot().groups[0].used_bytes[0], 0);
+}

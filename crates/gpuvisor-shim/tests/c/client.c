@@ -5,7 +5,9 @@
  *   init | ctx DEV | newctx DEV | info | total DEV | alloc BYTES | pitch W H | managed BYTES
  *   async BYTES | pool BYTES | create DEV BYTES | free-all | fork (child runs the rest, parent
  *   waits and prints "child exit=<status>") | exec (the same pid runs the rest as a fresh image
- *   of this program; its CUDA state is gone, as after any exec) | exit
+ *   of this program; its CUDA state is gone, as after any exec) | ptsz-calls (how many calls
+ *   reached the fake driver's _ptsz entry points) | exit
+ * CLIENT_PER_THREAD_STREAM=1: "procaddr" asks for the per-thread-default-stream variants.
  * Build: cc client.c -L<fake dir> -l:libcuda.so.1 -ldl -o client */
 #include <dlfcn.h>
 #include <stdio.h>
@@ -57,7 +59,10 @@ static void *get(const char *how, void *lib, const char *versioned, const char *
     if (strcmp(how, "dlsym") == 0) fn = dlsym(lib, versioned);
     else {
         CUresult (*gpa)(const char *, void **, int, unsigned long long, int *) = dlsym(lib, "cuGetProcAddress_v2");
-        if (!gpa || gpa(base, &fn, 12080, 0, NULL)) fn = NULL;
+        /* CLIENT_PER_THREAD_STREAM=1: ask for the per-thread-default-stream variants, as code
+         * built with --default-stream per-thread does. */
+        unsigned long long flags = getenv("CLIENT_PER_THREAD_STREAM") ? 2 : 0;
+        if (!gpa || gpa(base, &fn, 12080, flags, NULL)) fn = NULL;
     }
     if (!fn) { printf("missing %s\n", versioned); exit(65); }
     return fn;
@@ -158,6 +163,9 @@ int main(int argc, char **argv) {
             execv("/proc/self/exe", rest);
             printf("exec failed\n");
             return 66;
+        } else if (!strcmp(c, "ptsz-calls")) {
+            int *calls = dlsym(RTLD_DEFAULT, "ptsz_calls");
+            printf("ptsz-calls %d\n", calls ? *calls : -1);
         } else if (!strcmp(c, "exit")) return 0;
         else { printf("bad command %s\n", c); return 64; }
     }
