@@ -913,3 +913,69 @@ fn per_thread_default_stream_variants_from_get_proc_address_are_charged() {
     );
     assert_eq!(ledger.snapshot().groups[0].used_bytes[0], 0);
 }
+
+#[test]
+fn forks_while_other_threads_allocate_leave_consistent_accounts() {
+    let f = fixture();
+    let exe = f.fake_dir.join("forkstorm");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/forkstorm.c");
+    let built = Command::new("cc")
+        .args([
+            "-O2",
+            "-pthread",
+            "-o",
+            exe.to_str().unwrap(),
+            src.to_str().unwrap(),
+        ])
+        .arg(format!("-L{}", f.fake_dir.display()))
+        .arg("-l:libcuda.so.1")
+        .output()
+        .unwrap();
+    assert!(
+        built.status.success(),
+        "{}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    // Room for everything (200 dead children keep 1 MiB each): no refusal, so no reclaim.
+    let (path, ledger) = ledger("forkstorm", &[group(GIB, NO_LIMIT)]);
+    let mut child = Command::new(&exe)
+        .args(["4", "200", &MIB.to_string()])
+        .env("LD_LIBRARY_PATH", &f.fake_dir)
+        .env("LD_PRELOAD", &f.shim)
+        .env("GPUVISOR_LEDGER", &path.0)
+        .env("GPUVISOR_GROUP", "0")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            child.kill().unwrap();
+            panic!("fork storm hung (a lock or a wait inherited across fork)");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "ok",
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let snap = ledger.snapshot();
+    // 200 dead children, each still charged its last MiB, plus the parent (exited, nothing held).
+    assert_eq!(snap.processes.len(), 201);
+    assert_eq!(snap.groups[0].used_bytes[0], 200 * MIB);
+    let reclaimed = ledger.reclaim_dead();
+    assert_eq!(reclaimed.len(), 201);
+    let snap = ledger.snapshot();
+    assert_eq!(snap.groups[0].used_bytes[0], 0);
+    assert_eq!(snap.underflow_repairs, 0);
+    assert_eq!(snap.untracked_allocations, 0);
+}
