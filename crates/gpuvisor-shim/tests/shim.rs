@@ -979,3 +979,31 @@ fn forks_while_other_threads_allocate_leave_consistent_accounts() {
     assert_eq!(snap.underflow_repairs, 0);
     assert_eq!(snap.untracked_allocations, 0);
 }
+
+#[test]
+fn a_panic_after_the_driver_call_neither_repeats_it_nor_reaches_the_program() {
+    // Test builds of the shim panic after every driver allocation/free on request. The safety
+    // net must hand back the driver's own answer: calling the driver again would allocate a
+    // second block (leaking the first) or free the pointer twice (an error to the program).
+    let (path, _ledger) = ledger("panic", &[group(NO_LIMIT, NO_LIMIT)]);
+    let out = run(
+        "linked",
+        Some(&path.0),
+        &[("GPUVISOR_SHIM_TEST_PANIC", "1")],
+        &format!("init ctx 0 alloc {} info free-all info", GIB),
+    );
+    assert_eq!(
+        stdout(&out),
+        vec![
+            "init rc=0".to_string(),
+            "ctx rc=0".into(),
+            "alloc rc=0".into(),
+            format!("info rc=0 free={} total={}", 79 * GIB, 80 * GIB),
+            "free-all rc=0".into(),
+            format!("info rc=0 free={} total={}", 80 * GIB, 80 * GIB),
+        ],
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success());
+}

@@ -46,6 +46,7 @@ static CUresult give_back(unsigned long long a) {
     if (a == 0) return 1;
     unsigned idx = (a >> 12) % TRACK;
     unsigned long long s = atomic_exchange(&sizes[idx], 0);
+    if (s == 0) return 1; /* not allocated (a double free): CUDA_ERROR_INVALID_VALUE */
     atomic_fetch_sub(&used[atomic_load(&devices_of[idx])], s);
     cached_address = a;
     cached_size = s;
