@@ -100,6 +100,7 @@ fn init() {
     }
     // SAFETY: getpid has no preconditions.
     PID.store(unsafe { sys::getpid() }, Ordering::Relaxed);
+    slow_init_for_tests();
     if ROOT_PID.load(Ordering::Relaxed) == 0 {
         let root = sys::env_bytes(c"GPUVISOR_ROOT_PID")
             .and_then(|v| std::str::from_utf8(&v).ok()?.parse().ok())
@@ -159,14 +160,34 @@ fn one_line(error: &str, consequence: &str) -> String {
     }
 }
 
-/// Yields while `busy()` holds, at most ~10k times (milliseconds; registration and
-/// initialisation take microseconds).
+/// Test builds only (debug assertions): `GPUVISOR_SHIM_TEST_SLOW_INIT_MS=N` stretches
+/// initialisation, as a preempted thread on a loaded machine would.
+fn slow_init_for_tests() {
+    #[cfg(debug_assertions)]
+    if let Some(ms) = sys::env_bytes(c"GPUVISOR_SHIM_TEST_SLOW_INIT_MS")
+        .and_then(|v| std::str::from_utf8(&v).ok()?.parse().ok())
+    {
+        std::thread::sleep(std::time::Duration::from_millis(ms));
+    }
+}
+
+/// Waits while `busy()` holds: yields first, then sleeps in 100 µs steps, for at most ~5 s.
+/// Initialisation and registration take microseconds, but on a loaded machine the thread
+/// doing them can be preempted for many milliseconds; giving up early would let this call
+/// through unaccounted (or let a CPU-only process reach the GPU). The bound only matters if
+/// a signal handler interrupted that very thread (no lock is held, so it cannot deadlock).
 fn wait_while(busy: impl Fn() -> bool) {
-    for _ in 0..10_000 {
+    for _ in 0..1_000 {
         if !busy() {
             return;
         }
         std::thread::yield_now();
+    }
+    for _ in 0..50_000 {
+        if !busy() {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_micros(100));
     }
 }
 
@@ -202,7 +223,12 @@ fn register(ledger: &Ledger) -> Option<SlotId> {
         ) {
             Ok(_) => break,
             Err(SLOT_FAILED) => return None,
-            Err(SLOT_REGISTERING) => std::thread::yield_now(),
+            Err(SLOT_REGISTERING) => {
+                wait_while(|| SLOT.load(Ordering::Acquire) == SLOT_REGISTERING);
+                if SLOT.load(Ordering::Acquire) == SLOT_REGISTERING {
+                    return None; // only if this thread interrupted the registering one
+                }
+            }
             Err(s) => {
                 return Some(SlotId {
                     index: ((s >> 32) & 0x7fff_ffff) as u32,

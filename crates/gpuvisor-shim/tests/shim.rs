@@ -1007,3 +1007,62 @@ fn a_panic_after_the_driver_call_neither_repeats_it_nor_reaches_the_program() {
     );
     assert!(out.status.success());
 }
+
+#[test]
+fn threads_racing_a_slow_initialisation_are_all_held_to_the_rules() {
+    // The first CUDA calls of a process come from many threads at once while the thread that
+    // initialises the shim is slow (preempted on a loaded machine; stretched here to 300 ms in
+    // the test build). None of the others may slip through unaccounted meanwhile.
+    let f = fixture();
+    let exe = f.fake_dir.join("racers");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/racers.c");
+    let built = Command::new("cc")
+        .args([
+            "-O2",
+            "-pthread",
+            "-o",
+            exe.to_str().unwrap(),
+            src.to_str().unwrap(),
+        ])
+        .arg(format!("-L{}", f.fake_dir.display()))
+        .arg("-l:libcuda.so.1")
+        .output()
+        .unwrap();
+    assert!(
+        built.status.success(),
+        "{}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    let (path, ledger) = ledger("racers", &[group(10 * MIB, NO_LIMIT)]);
+    let racers = |extra: &[(&str, &str)]| {
+        let mut cmd = Command::new(&exe);
+        cmd.args(["8", &MIB.to_string()])
+            .env("LD_LIBRARY_PATH", &f.fake_dir)
+            .env("LD_PRELOAD", &f.shim)
+            .env("GPUVISOR_LEDGER", &path.0)
+            .env("GPUVISOR_GROUP", "0")
+            .env("GPUVISOR_SHIM_TEST_SLOW_INIT_MS", "300")
+            .env_remove("GPUVISOR_ROOT_PID")
+            .env_remove("GPUVISOR_CPU_ONLY");
+        for (k, v) in extra {
+            cmd.env(k, v);
+        }
+        let out = cmd.output().unwrap();
+        assert!(
+            out.stderr.is_empty(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    // CPU-only: every thread's cuInit is refused.
+    assert_eq!(
+        racers(&[("GPUVISOR_CPU_ONLY", "1")]),
+        "init_refused=8 allocated=0 alloc_refused=0"
+    );
+    // Budgeted: every allocation is charged (8 x 1 MiB in a 10 MiB group).
+    assert_eq!(racers(&[]), "init_refused=0 allocated=8 alloc_refused=0");
+    let snap = ledger.snapshot();
+    let charged: u64 = snap.processes.iter().map(|p| p.used_bytes[0]).sum();
+    assert_eq!(charged, 8 * MIB, "every allocation charged");
+}
