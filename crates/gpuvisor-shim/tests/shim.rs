@@ -1066,3 +1066,62 @@ fn threads_racing_a_slow_initialisation_are_all_held_to_the_rules() {
     let charged: u64 = snap.processes.iter().map(|p| p.used_bytes[0]).sum();
     assert_eq!(charged, 8 * MIB, "every allocation charged");
 }
+
+#[test]
+fn a_process_whose_main_thread_exited_is_not_reclaimed_while_its_threads_run() {
+    use std::io::BufRead;
+    let f = fixture();
+    let exe = f.fake_dir.join("leader_exits");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/leader_exits.c");
+    let built = Command::new("cc")
+        .args([
+            "-O2",
+            "-pthread",
+            "-o",
+            exe.to_str().unwrap(),
+            src.to_str().unwrap(),
+        ])
+        .arg(format!("-L{}", f.fake_dir.display()))
+        .arg("-l:libcuda.so.1")
+        .output()
+        .unwrap();
+    assert!(
+        built.status.success(),
+        "{}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    let (path, ledger) = ledger("leader", &[group(GIB, NO_LIMIT)]);
+    let mut child = Command::new(&exe)
+        .args([&MIB.to_string(), "3"])
+        .env("LD_LIBRARY_PATH", &f.fake_dir)
+        .env("LD_PRELOAD", &f.shim)
+        .env("GPUVISOR_LEDGER", &path.0)
+        .env("GPUVISOR_GROUP", "0")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line.trim(), "ready");
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let stat = std::fs::read_to_string(format!("/proc/{}/stat", child.id())).unwrap();
+    let state = stat
+        .rsplit_once(')')
+        .unwrap()
+        .1
+        .split_whitespace()
+        .next()
+        .unwrap();
+    assert_eq!(state, "Z", "the leader shows as a zombie: {stat}");
+    assert!(
+        ledger.reclaim_dead().is_empty(),
+        "its worker still runs and holds the memory"
+    );
+    assert_eq!(ledger.snapshot().groups[0].used_bytes[0], MIB);
+    child.wait().unwrap();
+    let reclaimed = ledger.reclaim_dead();
+    assert_eq!(reclaimed.len(), 1, "reclaimed once really gone");
+    assert_eq!(ledger.snapshot().groups[0].used_bytes[0], 0);
+}
