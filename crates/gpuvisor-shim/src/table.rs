@@ -43,7 +43,12 @@ pub struct Table {
     scattered: bool,
 }
 
-/// Packs a size (< 2^56) and a device index (< 256) into one word.
+/// Largest size an entry holds (56 bits; the device index takes the top 8). The ledger
+/// charges up to 2^56 bytes, one more than this: such an entry is refused ([`Insert::Full`]),
+/// so its charge is returned at once instead of being recorded as 0 and kept forever.
+pub const MAX_SIZE: u64 = (1 << 56) - 1;
+
+/// Packs a size (<= [`MAX_SIZE`]) and a device index (< 256) into one word.
 fn pack(size: u64, device: usize) -> u64 {
     (size & ((1 << 56) - 1)) | ((device as u64) << 56)
 }
@@ -159,7 +164,7 @@ impl Table {
     /// behind a tombstone would otherwise be duplicated and its charge kept forever.
     #[inline]
     pub fn insert(&self, key: u64, size: u64, device: usize) -> Insert {
-        if key <= RESERVED {
+        if key <= RESERVED || size > MAX_SIZE {
             return Insert::Full;
         }
         let home = self.home(key);

@@ -1125,3 +1125,38 @@ fn a_process_whose_main_thread_exited_is_not_reclaimed_while_its_threads_run() {
     assert_eq!(reclaimed.len(), 1, "reclaimed once really gone");
     assert_eq!(ledger.snapshot().groups[0].used_bytes[0], 0);
 }
+
+#[test]
+fn absurd_sizes_never_leave_a_charge_behind() {
+    // 2^56 bytes is the largest charge the ledger takes; a driver that accepts it (this fake
+    // does) must not leave it charged forever after the free. Size 0 is an error the driver
+    // reports; nothing stays charged either.
+    let (path, ledger) = ledger("absurd", &[group(NO_LIMIT, NO_LIMIT)]);
+    let huge = 1u64 << 56;
+    let out = run(
+        "linked",
+        Some(&path.0),
+        &[],
+        &format!(
+            "init ctx 0 alloc {huge} alloc 0 create 0 {huge} alloc {} free-all",
+            huge + 1
+        ),
+    );
+    assert_eq!(
+        stdout(&out),
+        vec![
+            "init rc=0",
+            "ctx rc=0",
+            "alloc rc=0",
+            "alloc rc=1",
+            "create rc=0",
+            "alloc rc=2",
+            "free-all rc=0"
+        ],
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let snap = ledger.snapshot();
+    assert_eq!(snap.groups[0].used_bytes[0], 0);
+    assert_eq!(snap.underflow_repairs, 0);
+}
