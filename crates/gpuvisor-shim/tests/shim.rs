@@ -1160,3 +1160,66 @@ fn absurd_sizes_never_leave_a_charge_behind() {
     assert_eq!(snap.groups[0].used_bytes[0], 0);
     assert_eq!(snap.underflow_repairs, 0);
 }
+
+#[test]
+fn posix_spawn_and_vfork_children_are_descendants_with_their_own_slot() {
+    // posix_spawn and vfork run no fork handlers; the child's new image must still count as
+    // a descendant (children-CPU-only) and charge its own slot.
+    for how in ["spawn", "vfork"] {
+        let mut policy = group(4 * GIB, NO_LIMIT);
+        policy.children_cpu_only = true;
+        let (path, ledger) = ledger("spawn", &[policy, group(4 * GIB, NO_LIMIT)]);
+        let out = run(
+            "linked",
+            Some(&path.0),
+            &[],
+            &format!("init ctx 0 alloc {GIB} {how} init ctx 0"),
+        );
+        assert_eq!(
+            stdout(&out),
+            vec![
+                "init rc=0",
+                "ctx rc=0",
+                "alloc rc=0",
+                "init rc=100",
+                "ctx rc=100",
+                "spawned exit=0"
+            ],
+            "{how}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(
+            ledger.snapshot().events.len(),
+            1,
+            "{how}: the child's violation"
+        );
+        let out = run(
+            "linked",
+            Some(&path.0),
+            &[("GPUVISOR_GROUP", "1")],
+            &format!("init ctx 0 alloc {GIB} {how} init ctx 0 alloc {}", 2 * GIB),
+        );
+        assert_eq!(
+            stdout(&out),
+            vec![
+                "init rc=0",
+                "ctx rc=0",
+                "alloc rc=0",
+                "init rc=0",
+                "ctx rc=0",
+                "alloc rc=0",
+                "spawned exit=0"
+            ],
+            "{how}"
+        );
+        let mut used: Vec<u64> = ledger
+            .snapshot()
+            .processes
+            .iter()
+            .filter(|p| p.group == 1)
+            .map(|p| p.used_bytes[0])
+            .collect();
+        used.sort();
+        assert_eq!(used, vec![GIB, 2 * GIB], "{how}");
+    }
+}
