@@ -1223,3 +1223,57 @@ fn posix_spawn_and_vfork_children_are_descendants_with_their_own_slot() {
         assert_eq!(used, vec![GIB, 2 * GIB], "{how}");
     }
 }
+
+#[test]
+fn a_ledger_unlinked_while_processes_run_still_binds_them() {
+    use std::io::BufRead;
+    let f = fixture();
+    let (path, ledger) = ledger("unlinked", &[group(GIB + GIB / 2, NO_LIMIT)]);
+    let mut running = Command::new(&f.client)
+        .args([
+            "linked",
+            "init",
+            "ctx",
+            "0",
+            "alloc",
+            &GIB.to_string(),
+            "pause",
+            "3000",
+        ])
+        .args(["alloc", &GIB.to_string(), "info"])
+        .env("LD_LIBRARY_PATH", &f.fake_dir)
+        .env("LD_PRELOAD", &f.shim)
+        .env("GPUVISOR_LEDGER", &path.0)
+        .env("GPUVISOR_GROUP", "0")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(running.stdout.take().unwrap()).lines();
+    for expected in ["init rc=0", "ctx rc=0", "alloc rc=0"] {
+        assert_eq!(lines.next().unwrap().unwrap(), expected);
+    }
+    // Unlinked while the process runs (a stray `rm /dev/shm/*`): it keeps its mapping, so it
+    // is still held to its budget; a process started now cannot find the ledger.
+    std::fs::remove_file(&path.0).unwrap();
+    let late = run("linked", Some(&path.0), &[], "init ctx 0 alloc 1024");
+    assert_eq!(stdout(&late), vec!["init rc=0", "ctx rc=0", "alloc rc=0"]);
+    let stderr = String::from_utf8_lossy(&late.stderr);
+    assert!(
+        stderr.lines().count() == 1 && stderr.contains("No such file"),
+        "{stderr}"
+    );
+    assert_eq!(
+        lines.next().unwrap().unwrap(),
+        "alloc rc=2",
+        "still enforced"
+    );
+    let info = lines.next().unwrap().unwrap();
+    assert_eq!(
+        info,
+        format!("info rc=0 free={} total={}", GIB / 2, GIB + GIB / 2)
+    );
+    assert!(running.wait().unwrap().success());
+    // The supervisor's own mapping still shows it.
+    assert_eq!(ledger.snapshot().groups[0].used_bytes[0], GIB);
+}

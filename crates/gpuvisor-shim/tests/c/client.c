@@ -7,7 +7,7 @@
  *   waits and prints "child exit=<status>") | exec (the same pid runs the rest as a fresh image
  *   of this program; its CUDA state is gone, as after any exec) | spawn (posix_spawn a new
  *   process of this program for the rest, wait, print "spawned exit=<status>") | vfork (the
- *   same through vfork + exec) | ptsz-calls (how many calls
+ *   same through vfork + exec) | pause MS | ptsz-calls (how many calls
  *   reached the fake driver's _ptsz entry points) | exit
  * CLIENT_PER_THREAD_STREAM=1: "procaddr" asks for the per-thread-default-stream variants.
  * Build: cc client.c -L<fake dir> -l:libcuda.so.1 -ldl -o client */
@@ -184,6 +184,8 @@ int main(int argc, char **argv) {
             execv("/proc/self/exe", rest);
             printf("exec failed\n");
             return 66;
+        } else if (!strcmp(c, "pause")) {
+            usleep(1000 * atoi(argv[++i]));
         } else if (!strcmp(c, "ptsz-calls")) {
             int *calls = dlsym(RTLD_DEFAULT, "ptsz_calls");
             printf("ptsz-calls %d\n", calls ? *calls : -1);
