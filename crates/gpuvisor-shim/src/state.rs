@@ -59,7 +59,8 @@ pub fn ledger() -> Option<&'static Ledger> {
         init();
     }
     let p = LEDGER.load(Ordering::Acquire);
-    // SAFETY: a non-null LEDGER was leaked from a Box and is never freed or changed.
+    // SAFETY: a non-null LEDGER was leaked from a Box and is never freed (a fork child that
+    // initialises again stores another one; the first stays valid).
     (!p.is_null()).then(|| unsafe { &*p })
 }
 
