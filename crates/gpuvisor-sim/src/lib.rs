@@ -26,6 +26,9 @@ pub mod physical;
 pub mod process;
 pub mod symbols;
 
+#[cfg(test)]
+mod api_tests;
+
 /// Writes `value` through an out-pointer; false (nothing written) when it is NULL.
 ///
 /// # Safety

@@ -51,74 +51,9 @@ extern "C" fn after_fork_in_child() {
 
 #[cfg(test)]
 mod tests {
-    use crate::api_device::{cuCtxSetCurrent, cuDevicePrimaryCtxRetain, cuInit};
-    use crate::api_memory::{cuMemAlloc_v2, cuMemFree_v2};
-    use crate::driver::code;
-
-    extern "C" {
-        fn fork() -> i32;
-        fn waitpid(pid: i32, status: *mut i32, options: i32) -> i32;
-        fn _exit(status: i32) -> !;
-    }
-
-    /// cuInit, the primary context of device 0 made current, one allocation.
-    fn init_and_allocate() -> Result<u64, i32> {
-        let mut context = std::ptr::null_mut();
-        let mut address = 0u64;
-        // SAFETY: valid out-pointers, as the driver API requires.
-        let results = unsafe {
-            [
-                cuInit(0),
-                cuDevicePrimaryCtxRetain(&mut context, 0),
-                cuCtxSetCurrent(context),
-                cuMemAlloc_v2(&mut address, 1 << 20),
-            ]
-        };
-        match results.into_iter().find(|&result| result != code::SUCCESS) {
-            Some(error) => Err(error),
-            None => Ok(address),
-        }
-    }
-
     #[test]
     fn cached_pid_is_this_process() {
         assert_eq!(super::pid(), std::process::id());
         assert_eq!(super::pid(), std::process::id());
-    }
-
-    /// The only test that uses the process-wide driver (the others build their own).
-    #[test]
-    fn a_forked_child_starts_uninitialised_with_its_own_pid() {
-        let parent_address = init_and_allocate().expect("parent set-up");
-        // SAFETY: the child runs only the code below (no locks held by other threads are
-        // needed: the driver lock is free, as this is the only test using it) and then _exits.
-        let child = unsafe { fork() };
-        assert!(child >= 0, "fork failed");
-        if child == 0 {
-            let mut address = 0u64;
-            // SAFETY: a valid out-pointer.
-            let status = if super::pid() != std::process::id() {
-                1
-            } else if unsafe { cuMemAlloc_v2(&mut address, 1) } != code::NOT_INITIALIZED {
-                2 // the parent's state leaked into the child
-            } else if cuMemFree_v2(parent_address) != code::NOT_INITIALIZED {
-                3
-            } else if init_and_allocate().is_err() {
-                4 // cuInit again must give a working driver
-            } else {
-                0
-            };
-            // SAFETY: ends the child without running the test harness's exit handlers.
-            unsafe { _exit(status) };
-        }
-        let mut status = 0;
-        // SAFETY: waits for our own child with a valid status pointer.
-        assert_eq!(unsafe { waitpid(child, &mut status, 0) }, child);
-        assert_eq!(status, 0, "child failed check {}", status >> 8);
-        assert_eq!(
-            cuMemFree_v2(parent_address),
-            code::SUCCESS,
-            "parent unaffected"
-        );
     }
 }
