@@ -3,7 +3,7 @@
 
 use std::ffi::c_void;
 
-use crate::driver::{code, with_driver, Driver, GRANULARITY};
+use crate::driver::{code, current_device_fast, published, with_driver, Driver, GRANULARITY};
 use crate::put;
 
 /// Allocates on `ordinal` and writes the address to `out`.
@@ -29,13 +29,26 @@ unsafe fn allocate_into(
     }
 }
 
-/// cuMemAlloc_v2: on the current context's device.
+/// cuMemAlloc_v2: on the current context's device. The hot path: no lock, no system call.
 #[no_mangle]
 pub unsafe extern "C" fn cuMemAlloc_v2(address: *mut u64, bytes: usize) -> i32 {
-    with_driver(|driver| {
-        let ordinal = driver.current_device();
-        allocate_into(driver, address, ordinal, bytes)
-    })
+    let Some(table) = published() else {
+        return code::NOT_INITIALIZED;
+    };
+    if address.is_null() {
+        return code::INVALID_VALUE;
+    }
+    let ordinal = match current_device_fast(table) {
+        Ok(ordinal) => ordinal,
+        Err(error) => return error,
+    };
+    match table.allocate(ordinal, bytes as u64) {
+        Ok(allocated) => {
+            put(address, allocated);
+            code::SUCCESS
+        }
+        Err(error) => error,
+    }
 }
 
 /// cuMemAllocPitch_v2: rows padded to 512 bytes.
@@ -100,10 +113,10 @@ pub unsafe extern "C" fn cuMemAllocFromPoolAsync(
     })
 }
 
-/// cuMemFree_v2.
+/// cuMemFree_v2. The hot path: no lock, no system call.
 #[no_mangle]
 pub extern "C" fn cuMemFree_v2(address: u64) -> i32 {
-    with_driver(|driver| driver.free(address))
+    published().map_or(code::NOT_INITIALIZED, |table| table.free(address))
 }
 
 /// cuMemFreeAsync: freed at once.

@@ -1,16 +1,23 @@
 //! The per-process driver state behind the exported functions: devices, contexts, streams,
 //! pools and allocations, and the fake device addresses handed out.
 //!
-//! One mutex guards it all; the simulator is about accounting, not speed. After `fork()` the
+//! One mutex guards it all except the hot path of cuMemAlloc_v2/cuMemFree_v2: those reach the
+//! published [`Allocations`] table with no lock (see [`published`] and
+//! [`current_device_fast`]), so the simulator costs about what a real driver's cached
+//! allocation does, and the shim's added cost can be measured against it. After `fork()` the
 //! child finds a state made by another pid and starts fresh (uninitialised), since a real
 //! driver's state does not survive a fork either.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
+use crate::allocations::{Allocations, DeviceAccount, RESERVATION_BASE};
+pub use crate::allocations::{ADDRESS_BASE, GRANULARITY};
 use crate::config::{self, SimDevice};
 use crate::physical::Physical;
+use crate::process;
 
 /// CUresult values the simulator returns.
 pub mod code {
@@ -36,11 +43,6 @@ pub mod code {
     pub const NOT_SUPPORTED: i32 = 801;
 }
 
-/// Where fake device addresses start (device `d` gets its own 1 TiB window above this).
-const ADDRESS_BASE: u64 = 0x7000_0000_0000;
-/// The VMM granularity cuMemGetAllocationGranularity reports and cuMemCreate requires.
-pub const GRANULARITY: u64 = 2 << 20;
-
 /// A context: which device it is on and whether it is the primary one.
 #[derive(Debug, Clone, Copy)]
 struct Context {
@@ -56,23 +58,68 @@ pub struct Driver {
     /// Visible devices in ordinal order.
     pub devices: Vec<SimDevice>,
     context_overhead: u64,
-    physical: Option<Physical>,
-    slot: Option<usize>,
+    /// Allocations and physical accounting; set by a successful init.
+    table: Option<&'static Allocations>,
     contexts: HashMap<u64, Context>,
     primary_retains: HashMap<usize, u32>,
     next_handle: u64,
-    next_address: Vec<u64>,
-    allocations: HashMap<u64, (usize, u64)>,
+    next_reservation: u64,
     vmm_handles: HashMap<u64, (usize, u64)>,
     streams: HashMap<u64, usize>,
     pools: HashMap<u64, usize>,
 }
 
 static DRIVER: Mutex<Option<Driver>> = Mutex::new(None);
+/// The initialised driver's table, for the lock-free hot path; null when uninitialised.
+static PUBLISHED: AtomicPtr<Allocations> = AtomicPtr::new(std::ptr::null_mut());
+/// Bumped whenever a context stops existing, so threads re-check their cached device.
+static CONTEXT_EPOCH: AtomicU64 = AtomicU64::new(1);
 
 thread_local! {
     /// This thread's context stack (top = current) and the driver generation it belongs to.
     static CONTEXT_STACK: RefCell<(u64, Vec<u64>)> = const { RefCell::new((0, Vec::new())) };
+    /// This thread's current device as (generation, context epoch, ordinal); generation 0
+    /// (never a driver's) means nothing is cached.
+    static CURRENT_DEVICE: Cell<(u64, u64, usize)> = const { Cell::new((0, 0, 0)) };
+}
+
+/// The initialised driver's allocation table, without taking the lock.
+#[inline]
+pub fn published() -> Option<&'static Allocations> {
+    let table = PUBLISHED.load(Ordering::Acquire);
+    // SAFETY: a published table is leaked (never freed), so the reference is 'static.
+    unsafe { table.as_ref() }
+}
+
+/// Called in the child after `fork()`: the inherited driver state is no longer ours.
+pub(crate) fn forget_after_fork() {
+    PUBLISHED.store(std::ptr::null_mut(), Ordering::Release);
+    CONTEXT_EPOCH.fetch_add(1, Ordering::AcqRel);
+}
+
+/// The device of this thread's current context for the hot path: from the thread's cache
+/// when no context has gone since it was filled, otherwise looked up under the lock.
+#[inline]
+pub fn current_device_fast(table: &Allocations) -> Result<usize, i32> {
+    let epoch = CONTEXT_EPOCH.load(Ordering::Acquire);
+    let (generation, cached_epoch, ordinal) = CURRENT_DEVICE.with(Cell::get);
+    if generation == table.generation && cached_epoch == epoch {
+        return Ok(ordinal);
+    }
+    current_device_slow(table.generation, epoch)
+}
+
+#[cold]
+fn current_device_slow(generation: u64, epoch: u64) -> Result<usize, i32> {
+    let guard = lock();
+    match guard.as_ref() {
+        Some(driver) if driver.initialized && driver.generation == generation => {
+            let ordinal = driver.current_device()?;
+            CURRENT_DEVICE.with(|cell| cell.set((generation, epoch, ordinal)));
+            Ok(ordinal)
+        }
+        _ => Err(code::NOT_INITIALIZED),
+    }
 }
 
 /// Locks the driver state, resetting it if it was made by another process (before a fork).
@@ -80,7 +127,7 @@ pub fn lock() -> MutexGuard<'static, Option<Driver>> {
     let mut guard = DRIVER
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner());
-    let pid = std::process::id();
+    let pid = process::pid();
     if guard.as_ref().is_none_or(|driver| driver.pid != pid) {
         let generation = guard.as_ref().map_or(1, |driver| driver.generation + 1);
         *guard = Some(Driver::fresh(pid, generation));
@@ -105,13 +152,11 @@ impl Driver {
             initialized: false,
             devices: Vec::new(),
             context_overhead: config::DEFAULT_CONTEXT_OVERHEAD,
-            physical: None,
-            slot: None,
+            table: None,
             contexts: HashMap::new(),
             primary_retains: HashMap::new(),
             next_handle: 1,
-            next_address: Vec::new(),
-            allocations: HashMap::new(),
+            next_reservation: RESERVATION_BASE,
             vmm_handles: HashMap::new(),
             streams: HashMap::new(),
             pools: HashMap::new(),
@@ -149,11 +194,39 @@ impl Driver {
         if self.devices.is_empty() {
             return code::NO_DEVICE;
         }
-        self.next_address = (0..self.devices.len() as u64)
-            .map(|ordinal| ADDRESS_BASE + (ordinal << 40))
-            .collect();
+        let physical = Physical::open(std::env::var(config::STATE_ENV).ok().as_deref());
+        let table = self.attach(physical);
+        PUBLISHED.store(std::ptr::from_ref(table).cast_mut(), Ordering::Release);
         self.initialized = true;
         code::SUCCESS
+    }
+
+    /// Makes this driver's allocation table over `physical` (claiming this process's slot).
+    /// The table is leaked: the lock-free hot path may still hold it when a fork resets us.
+    fn attach(&mut self, physical: Physical) -> &'static Allocations {
+        // With every slot held by live processes, share slot 0 rather than fail.
+        let slot = physical.claim(self.pid).unwrap_or(0);
+        let accounts = self
+            .devices
+            .iter()
+            .map(|device| DeviceAccount {
+                physical_index: device.index as usize,
+                capacity_bytes: device.total_bytes - device.foreign_bytes,
+            })
+            .collect();
+        let table = Box::leak(Box::new(Allocations::new(
+            self.generation,
+            physical,
+            slot,
+            accounts,
+        )));
+        self.table = Some(table);
+        table
+    }
+
+    fn table(&self) -> &'static Allocations {
+        self.table
+            .expect("the driver is initialised before it accounts memory")
     }
 
     fn handle(&mut self) -> u64 {
@@ -168,46 +241,19 @@ impl Driver {
             .filter(|&ordinal| ordinal < self.devices.len())
     }
 
-    fn physical(&mut self) -> (&Physical, usize) {
-        let physical = self.physical.get_or_insert_with(|| {
-            Physical::open(std::env::var(config::STATE_ENV).ok().as_deref())
-        });
-        let slot = match self.slot {
-            Some(slot) => slot,
-            None => {
-                let slot = physical.claim(self.pid).unwrap_or(0);
-                self.slot = Some(slot);
-                slot
-            }
-        };
-        (physical, slot)
-    }
-
     /// Physical device memory in use on `ordinal` by everyone (foreign + all live processes).
     pub fn used_bytes(&mut self, ordinal: usize) -> u64 {
-        let (physical_index, foreign) = (
-            self.devices[ordinal].index as usize,
-            self.devices[ordinal].foreign_bytes,
-        );
-        let (physical, _) = self.physical();
-        foreign.saturating_add(physical.used(physical_index))
+        let foreign = self.devices[ordinal].foreign_bytes;
+        foreign.saturating_add(self.table().used_bytes(ordinal))
     }
 
     /// Charges `bytes` of physical memory on `ordinal`; false if the device is full.
     fn charge(&mut self, ordinal: usize, bytes: u64) -> bool {
-        let device = &self.devices[ordinal];
-        let (physical_index, capacity) = (
-            device.index as usize,
-            device.total_bytes - device.foreign_bytes,
-        );
-        let (physical, slot) = self.physical();
-        physical.reserve(slot, physical_index, bytes, capacity)
+        self.table().charge(ordinal, bytes)
     }
 
     fn uncharge(&mut self, ordinal: usize, bytes: u64) {
-        let physical_index = self.devices[ordinal].index as usize;
-        let (physical, slot) = self.physical();
-        physical.unreserve(slot, physical_index, bytes);
+        self.table().uncharge(ordinal, bytes);
     }
 
     /// The handle of `ordinal`'s primary context.
@@ -266,6 +312,7 @@ impl Driver {
         }
         match self.contexts.remove(&handle) {
             Some(context) => {
+                CONTEXT_EPOCH.fetch_add(1, Ordering::AcqRel);
                 self.uncharge(context.device, self.context_overhead);
                 self.with_stack(|stack| stack.retain(|&current| current != handle));
                 code::SUCCESS
@@ -285,6 +332,8 @@ impl Driver {
             if cell.0 != self.generation {
                 *cell = (self.generation, Vec::new());
             }
+            // The current context may change: drop this thread's cached device.
+            CURRENT_DEVICE.with(|cached| cached.set((0, 0, 0)));
             body(&mut cell.1)
         })
     }
@@ -324,27 +373,12 @@ impl Driver {
 
     /// Allocates `bytes` of fake device memory on `ordinal`.
     pub fn allocate(&mut self, ordinal: usize, bytes: u64) -> Result<u64, i32> {
-        if bytes == 0 {
-            return Err(code::INVALID_VALUE);
-        }
-        if !self.charge(ordinal, bytes) {
-            return Err(code::OUT_OF_MEMORY);
-        }
-        let address = self.next_address[ordinal];
-        self.next_address[ordinal] += bytes.div_ceil(GRANULARITY) * GRANULARITY;
-        self.allocations.insert(address, (ordinal, bytes));
-        Ok(address)
+        self.table().allocate(ordinal, bytes)
     }
 
     /// Frees an address [`Driver::allocate`] returned.
     pub fn free(&mut self, address: u64) -> i32 {
-        match self.allocations.remove(&address) {
-            Some((ordinal, bytes)) => {
-                self.uncharge(ordinal, bytes);
-                code::SUCCESS
-            }
-            None => code::INVALID_VALUE,
-        }
+        self.table().free(address)
     }
 
     /// cuMemCreate: a physical allocation handle of `bytes` on `ordinal`.
@@ -378,9 +412,8 @@ impl Driver {
 
     /// Reserves a range of fake virtual addresses (cuMemAddressReserve); nothing is charged.
     pub fn reserve_addresses(&mut self, bytes: u64) -> u64 {
-        let ordinal = self.next_address.len() - 1;
-        let address = self.next_address[ordinal] + (1 << 39);
-        self.next_address[ordinal] += bytes.div_ceil(GRANULARITY) * GRANULARITY;
+        let address = self.next_reservation;
+        self.next_reservation += bytes.div_ceil(GRANULARITY) * GRANULARITY;
         address
     }
 
@@ -446,11 +479,10 @@ mod tests {
 
     /// A driver of its own (private physical table) with two 1 GiB devices.
     fn driver() -> Driver {
-        let mut driver = Driver::fresh(std::process::id(), 1000 + rand_generation());
+        let mut driver = Driver::fresh(process::pid(), 1000 + rand_generation());
         driver.devices = config::parse_devices("2x1GiB").unwrap();
-        driver.next_address = vec![ADDRESS_BASE, ADDRESS_BASE + (1 << 40)];
         driver.context_overhead = 100 << 20;
-        driver.physical = Some(Physical::open(None));
+        driver.attach(Physical::open(None));
         driver.initialized = true;
         driver
     }
@@ -523,6 +555,6 @@ mod tests {
         let first = driver.allocate(1, 3).unwrap();
         let second = driver.allocate(1, 3).unwrap();
         assert_ne!(first, second);
-        assert!(first >= ADDRESS_BASE + (1 << 40), "device 1's window");
+        assert_eq!((first - ADDRESS_BASE) >> 40 & 63, 1, "device 1's window");
     }
 }

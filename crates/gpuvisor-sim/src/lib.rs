@@ -5,7 +5,9 @@
 //!   `CUDA_VISIBLE_DEVICES`, `GPUVISOR_SIM_CONTEXT_OVERHEAD`);
 //! - [`physical`] accounts physical memory, optionally shared by all processes through a state
 //!   file (`GPUVISOR_SIM_STATE`), with dead processes' memory reclaimed;
-//! - [`driver`] holds the per-process state (contexts, streams, allocations);
+//! - [`driver`] holds the per-process state (contexts, streams, pools);
+//! - [`allocations`] is the lock-free-ish hot path of cuMemAlloc/cuMemFree (sharded table,
+//!   freed addresses reused); [`process`] caches the pid and resets the driver after fork;
 //! - [`api_device`], [`api_memory`] and [`symbols`] are the exported CUDA driver entry points.
 //!
 //! Memory is never allocated: device pointers are fake addresses that must not be
@@ -15,12 +17,17 @@
 //! driver API's contract (valid or NULL); that is their safety contract, stated here once.
 #![allow(clippy::missing_safety_doc)]
 
+pub mod allocations;
 pub mod api_device;
 pub mod api_memory;
 pub mod config;
 pub mod driver;
 pub mod physical;
+pub mod process;
 pub mod symbols;
+
+#[cfg(test)]
+mod api_tests;
 
 /// Writes `value` through an out-pointer; false (nothing written) when it is NULL.
 ///

@@ -122,7 +122,7 @@ impl Physical {
     }
 
     fn sum(&self, device: usize, live_only: bool) -> u64 {
-        let own = std::process::id() as u64;
+        let own = crate::process::pid() as u64;
         let high_water = (self.words[HIGH_WATER].load(Ordering::Acquire) as usize).min(SLOTS);
         (0..high_water)
             .map(|slot| self.slot(slot))
