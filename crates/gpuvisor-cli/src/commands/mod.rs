@@ -1,5 +1,7 @@
 //! One module per command; [`run`] dispatches.
 
+mod doctor;
+mod explain;
 mod gpus;
 mod plan;
 
@@ -13,5 +15,7 @@ pub fn run(cli: Cli) -> Result<ExitCode, Failure> {
     match cli.command {
         Command::Plan(args) => plan::run(args),
         Command::Gpus(args) => gpus::run(args),
+        Command::Explain(args) => explain::run(args),
+        Command::Doctor(args) => doctor::run(args),
     }
 }
