@@ -69,8 +69,9 @@ fn torch_oom(figures: &BTreeMap<String, u64>) -> Analysis {
 
     // Outside PyTorch's allocator but inside this process: context, cuDNN/cuBLAS workspaces,
     // NCCL, or another framework's pool.
-    let outside_torch = process_in_use
-        .map(|in_use| in_use.saturating_sub(allocated + reserved_unallocated.unwrap_or(0)));
+    let outside_torch = process_in_use.map(|in_use| {
+        in_use.saturating_sub(allocated.saturating_add(reserved_unallocated.unwrap_or(0)))
+    });
     let (variant, implication) = if reserved_unallocated.is_some_and(|u| u >= tried) {
         (
             "fragmentation",
@@ -117,9 +118,9 @@ fn jax_oom(figures: &BTreeMap<String, u64>) -> Analysis {
     };
     let text = match (get("limit"), get("in_use")) {
         (Some(limit), Some(in_use)) => {
-            let needed = in_use + tried;
+            let needed = in_use.saturating_add(tried);
             // Round up to whole GiB and add the ~0.5 GiB outside the pool (context, cuDNN).
-            let budget_gib = (needed + GIB / 2).div_ceil(GIB);
+            let budget_gib = needed.saturating_add(GIB / 2).div_ceil(GIB);
             format!(
                 "the pool's limit was {}, {} was in use and the step asked for {} more: it needs at least {}; a budget of memory = \"{budget_gib}GiB\" for this process (pool plus context) would hold it",
                 size(limit),

@@ -182,7 +182,7 @@ impl KnowledgeBase {
                 .map(|(set_index, _)| set_index)
                 .filter(|&set_index| scan.hits[set_index].count > 0)
         };
-        let matched_lines: u64 = found(Role::Anchor).map(|i| scan.hits[i].count).sum();
+        let matched_lines = scan.anchor_lines[index];
         if matched_lines == 0 || found(Role::Unless).next().is_some() {
             return None;
         }

@@ -239,12 +239,22 @@ pub struct Scan<'a> {
     ended_with_newline: bool,
     /// Scratch: which fingerprints the current line holds.
     present: Vec<bool>,
+    /// Per rule: lines any of its main patterns matched (a line counts once).
+    pub anchor_lines: Vec<u64>,
+    /// Per rule: the last line counted in `anchor_lines`.
+    last_anchor_line: Vec<u64>,
 }
 
 impl<'a> Scan<'a> {
     /// A fresh pass.
     pub fn new(compiled: &'a Compiled) -> Self {
         let count = compiled.patterns.len();
+        let rules = compiled
+            .patterns
+            .iter()
+            .map(|p| p.rule + 1)
+            .max()
+            .unwrap_or(0);
         Scan {
             compiled,
             hits: vec![PatternHits::default(); count],
@@ -253,6 +263,8 @@ impl<'a> Scan<'a> {
             bytes: 0,
             ended_with_newline: true,
             present: Vec::new(),
+            anchor_lines: vec![0; rules],
+            last_anchor_line: vec![0; rules],
         }
     }
 
@@ -352,6 +364,10 @@ impl<'a> Scan<'a> {
                 }
                 let text = text.get_or_insert_with(|| line_text(line));
                 self.hits[index].record(number, text);
+                if pattern.role == Role::Anchor && self.last_anchor_line[pattern.rule] != number {
+                    self.last_anchor_line[pattern.rule] = number;
+                    self.anchor_lines[pattern.rule] += 1;
+                }
                 if let Some(combine) = pattern.combine {
                     if let Some(value) = read_figure(&pattern.regex, combine, line, number) {
                         self.figures[index] = Some(value);
