@@ -12,5 +12,6 @@
 //! Later this crate also holds the live sampler, `gpuvisor top` and the HTML run report; they
 //! share the run-directory reading that `explain` starts with.
 
+pub mod doctor;
 pub mod explain;
 pub mod size_text;
