@@ -3,20 +3,53 @@
 //! Memory model, per GPU:
 //!
 //! ```text
-//! usable    = total - reserve - held by processes outside the job
+//! usable    = total - reserve - foreign        (foreign = total - free when planning)
 //! footprint = budget + context_overhead        (per process per GPU)
 //! sum of footprints <= usable                  (never over-committed)
 //! ```
 //!
+//! Only the GPUs allowed by `[gpus] devices` (all of them when absent) are used, in index order.
+//! Memory held by anyone when the plan is made counts as foreign; the plan warns with the pids
+//! of the processes that hold it (and about 1 GiB or more that no listed process holds; less
+//! than that is the driver's own and only shows in the arithmetic).
+//!
 //! - `memory = "12GiB"`: budget = 12 GiB (what the process may allocate; what it sees as its
 //!   device under the shim); its context overhead is charged on top.
-//! - `memory = "30%"`: footprint = 30% of usable, so budget = 30% of usable - overhead.
-//! - `memory = "rest"`: what is left on that GPU after the fixed asks, shared equally among that
-//!   GPU's rest-takers (each footprint equal), budget = share - overhead.
+//! - `memory = "30%"`: footprint = 30% of that GPU's usable memory (rounded down to a byte), so
+//!   budget = footprint - overhead; a GPU where that is not positive cannot take the replica. A
+//!   multi-GPU replica gets the same budget on each of its GPUs: the smallest of the per-GPU
+//!   budgets, its footprint (budget + overhead) charged on each.
+//! - `memory = "rest"` (also a GPU process that gives no `memory`): what is left on that GPU
+//!   after the fixed asks, shared equally among that GPU's rest-takers, budget = share -
+//!   overhead, at least [`MIN_REST_BUDGET_BYTES`].
+//! - CPU-only processes get no GPU, budget 0 and footprint 0.
 //!
-//! Fixed asks are placed first, in file order (pack: lowest-numbered GPU that fits; spread: the
-//! GPU with the most memory left); rest-takers are placed afterwards, each on the GPU where its
-//! share would be largest. A multi-GPU replica gets distinct devices and the same budget on each.
+//! Order of placement:
+//!
+//! 1. Fixed asks (bytes and percent), in file order, replicas in order. `pack` takes the k
+//!    lowest-index GPUs with room (k = `gpus` per replica); `spread` takes the k GPUs with the
+//!    most memory left (ties: lowest index). "Room" means the footprint fits in what is left.
+//! 2. Rest-takers, in file order, replicas in order: each goes to the k GPUs where its
+//!    prospective share, (left after fixed asks) / (rest-takers there + 1), is largest (ties:
+//!    lowest index). A GPU whose prospective share would be below `MIN_REST_BUDGET_BYTES` +
+//!    overhead is skipped, so every share placed stays above the minimum.
+//! 3. Rest budgets. On its own, a GPU's share is `floor(left / takers)`. Rest-takers linked
+//!    through multi-GPU rest-takers (GPUs a and b share a component when some rest-taker uses
+//!    both) all get the same share: the smallest per-GPU share in their component. So every
+//!    rest-taker on a GPU gets an equal share, a multi-GPU rest-taker gets the same share on
+//!    each of its GPUs, and no GPU is over-committed (memory a smaller share leaves unused stays
+//!    free). With only single-GPU rest-takers each GPU is independent.
+//!
+//! The placed devices of a replica are listed in index order. A job that does not fit is a
+//! [`PlanError::Infeasible`] that shows each GPU's arithmetic and a hint; a job that names
+//! devices this machine lacks (or wants more GPUs per replica than it may use) is a
+//! [`PlanError::Spec`] pointing into the job file. The same input always gives the same plan
+//! (no hash-map order anywhere in it).
+
+mod devices;
+mod explain;
+mod hint;
+mod place;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -141,9 +174,5 @@ pub enum PlanError {
 /// Places every replica of `job` on the GPUs of `inventory` and gives each a budget.
 /// Deterministic: the same input gives the same plan.
 pub fn plan(job: &JobSpec, inventory: &Inventory) -> Result<Plan, PlanError> {
-    let _ = (job, inventory);
-    Err(PlanError::Infeasible {
-        message: "the planner is not written yet".into(),
-        hint: "wait".into(),
-    })
+    place::plan(job, inventory)
 }

@@ -1,1 +1,26 @@
-//! The gpuvisor CUDA-driver shim (being written).
+//! gpuvisor-shim: a small `LD_PRELOAD` interposer of the CUDA driver API that enforces the GPU
+//! memory budgets of a gpuvisor job, recorded in a shared-memory ledger (`gpuvisor-ledger`).
+//!
+//! - Allocations (`cuMemAlloc_v2`, `cuMemAllocPitch_v2`, `cuMemAllocManaged`,
+//!   `cuMemAllocAsync`, `cuMemAllocFromPoolAsync`, `cuMemCreate`) are charged to the process's
+//!   slot and budget group before the driver is called, and refused with
+//!   `CUDA_ERROR_OUT_OF_MEMORY` over budget; frees return exactly what was charged.
+//! - `cuMemGetInfo_v2` / `cuDeviceTotalMem_v2` report the budget as the device size, so
+//!   preallocating frameworks size themselves to it.
+//! - CPU-only processes get `CUDA_ERROR_NO_DEVICE` from `cuInit` and context creation, and the
+//!   attempt is recorded.
+//! - Hooks are reached through exported symbols, `dlsym`, and `cuGetProcAddress(_v2)`.
+//!
+//! Environment: `GPUVISOR_LEDGER`, `GPUVISOR_GROUP`, `GPUVISOR_CPU_ONLY`,
+//! `GPUVISOR_CHILDREN_CPU_ONLY`, `GPUVISOR_ROOT_PID` (set by the shim). See docs/shim.md.
+//!
+//! Built as `rustc --edition 2021 --crate-type cdylib --extern gpuvisor_ledger=... src/lib.rs`:
+//! no build script, no crates, only libc.
+
+pub mod cuda;
+pub mod hooks;
+pub mod procaddr;
+pub mod real;
+pub mod state;
+pub mod sys;
+pub mod table;

@@ -2,6 +2,7 @@
 
 mod doctor;
 mod explain;
+mod exec;
 mod gpus;
 mod plan;
 
@@ -17,5 +18,8 @@ pub fn run(cli: Cli) -> Result<ExitCode, Failure> {
         Command::Gpus(args) => gpus::run(args),
         Command::Explain(args) => explain::run(args),
         Command::Doctor(args) => doctor::run(args),
+        Command::Exec(args) => exec::run(args),
+        Command::ExecChild(args) => Ok(exec::run_child(args)),
+        Command::ExecSample(args) => Ok(exec::run_sampler(args.ledger)),
     }
 }

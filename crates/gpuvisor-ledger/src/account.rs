@@ -1,0 +1,525 @@
+//! The accounting hot path (charge/uncharge: a few atomics, no system call, no scan), process
+//! registration, and reclaiming slots of dead processes.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::error::LedgerError;
+use crate::layout::*;
+use crate::ledger::Ledger;
+use crate::procfs::{self, ProcessIdentity};
+
+/// A registered process slot: what the shim keeps to charge allocations. `Copy`, two words.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SlotId {
+    /// Slot index.
+    pub index: u32,
+    /// Group the slot charges.
+    pub group: u32,
+}
+
+/// Which limit refused an allocation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LimitKind {
+    /// The per-process limit of the group.
+    Process,
+    /// The limit of the whole group.
+    Group,
+}
+
+/// Why an allocation was refused: the limit and what was in use when it was checked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Denial {
+    /// The limit that refused it.
+    pub limit_kind: LimitKind,
+    /// Bytes in use (process or group, per `limit_kind`) when refused.
+    pub used_bytes: u64,
+    /// That limit in bytes.
+    pub limit_bytes: u64,
+}
+
+/// The device as a process should see it, before clamping by physical memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeviceView {
+    /// min(per-process limit, group limit); [`NO_LIMIT`] if neither is set.
+    pub limit_bytes: u64,
+    /// What this process may still allocate: min(per-process limit − process used, group
+    /// limit − group used), never below zero.
+    pub available_bytes: u64,
+}
+
+/// The policy flags of a group.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GroupPolicy {
+    /// Every process of the group is refused the GPU.
+    pub cpu_only: bool,
+    /// Descendants of the group's root process are refused the GPU.
+    pub children_cpu_only: bool,
+}
+
+/// A slot freed because its process had died, with what it still had charged.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReclaimedProcess {
+    /// Slot index.
+    pub slot: u32,
+    /// pid of the dead process.
+    pub pid: i32,
+    /// Its group.
+    pub group: u32,
+    /// Bytes it still had charged, per device (now subtracted from the group).
+    pub used_bytes: Vec<u64>,
+}
+
+/// [`ReclaimedProcess`] without the heap (the shim reclaims on its refusal path).
+struct Reclaimed {
+    slot: u32,
+    pid: i32,
+    group: u32,
+    used_bytes: [u64; MAX_DEVICES],
+}
+
+/// Largest single allocation the ledger accounts; larger requests are refused outright so no
+/// counter can wrap (no GPU has 2^56 bytes).
+pub const MAX_CHARGE_BYTES: u64 = 1 << 56;
+
+const GEN_SHIFT: u32 = 40;
+const STATE_SHIFT: u32 = 32;
+
+fn owner_state(owner: u64) -> u64 {
+    (owner >> STATE_SHIFT) & 0xff
+}
+
+fn owner_pid(owner: u64) -> i32 {
+    owner as u32 as i32
+}
+
+fn with_state(owner: u64, state: u64) -> u64 {
+    (owner & !(0xff << STATE_SHIFT)) | (state << STATE_SHIFT)
+}
+
+/// Subtracts without ever leaving the counter wrapped below zero: an over-subtraction (only
+/// possible after a process died between its two adds) is clamped to 0 and counted.
+fn sub_clamped(counter: &AtomicU64, bytes: u64, repairs: &AtomicU64) {
+    let old = counter.fetch_sub(bytes, Ordering::AcqRel);
+    if old < bytes {
+        counter.fetch_add(bytes - old, Ordering::AcqRel);
+        repairs.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Adds `bytes` if the result stays within `limit`; returns the new value or the value seen.
+#[inline]
+fn add_within(counter: &AtomicU64, bytes: u64, limit: u64) -> Result<u64, u64> {
+    if limit == NO_LIMIT {
+        return Ok(counter.fetch_add(bytes, Ordering::AcqRel) + bytes);
+    }
+    let mut current = counter.load(Ordering::Relaxed);
+    loop {
+        if bytes > limit || current > limit - bytes {
+            return Err(current);
+        }
+        match counter.compare_exchange_weak(
+            current,
+            current + bytes,
+            Ordering::AcqRel,
+            Ordering::Relaxed,
+        ) {
+            Ok(_) => return Ok(current + bytes),
+            Err(seen) => current = seen,
+        }
+    }
+}
+
+#[inline]
+fn raise_peak(peak: &AtomicU64, value: u64) {
+    // Reading first keeps the common case (no new peak) free of a contended write.
+    if value > peak.load(Ordering::Relaxed) {
+        peak.fetch_max(value, Ordering::Relaxed);
+    }
+}
+
+impl Ledger {
+    /// Charges `bytes` on `device` to the slot and its group, if both stay within their limits.
+    ///
+    /// O(1) and lock-free: for each of the process and group counters, an atomic add (no
+    /// limit) or a compare-and-swap loop against the limit (so a refusal never comes from
+    /// another thread's transient over-add); if the group refuses, the process charge is
+    /// rolled back. No system call, no scan. A `device` outside the table is not charged.
+    #[inline]
+    pub fn charge(&self, slot: SlotId, device: usize, bytes: u64) -> Result<(), Denial> {
+        if device >= self.device_count as usize {
+            return Ok(());
+        }
+        let s = self.slot(slot.index as usize);
+        let g = self.group(slot.group as usize);
+        let process_limit = g.per_process_limit_bytes[device].load(Ordering::Relaxed);
+        let group_limit = g.limit_bytes[device].load(Ordering::Relaxed);
+        if bytes > MAX_CHARGE_BYTES {
+            return Err(Denial {
+                limit_kind: LimitKind::Process,
+                used_bytes: s.used_bytes[device].load(Ordering::Relaxed),
+                limit_bytes: process_limit.min(MAX_CHARGE_BYTES),
+            });
+        }
+        // Slot first, group second: if the process is killed between the two, reclaiming its
+        // slot can only under-subtract... see docs/shim.md "Limits of the guarantees".
+        let process_used =
+            add_within(&s.used_bytes[device], bytes, process_limit).map_err(|used| Denial {
+                limit_kind: LimitKind::Process,
+                used_bytes: used,
+                limit_bytes: process_limit,
+            })?;
+        let group_used = match add_within(&g.used_bytes[device], bytes, group_limit) {
+            Ok(v) => v,
+            Err(used) => {
+                sub_clamped(
+                    &s.used_bytes[device],
+                    bytes,
+                    &self.header().underflow_repairs,
+                );
+                return Err(Denial {
+                    limit_kind: LimitKind::Group,
+                    used_bytes: used,
+                    limit_bytes: group_limit,
+                });
+            }
+        };
+        raise_peak(&s.peak_bytes[device], process_used);
+        raise_peak(&g.peak_bytes[device], group_used);
+        Ok(())
+    }
+
+    /// Returns `bytes` on `device` to the slot and its group (a free). Never wraps below zero.
+    #[inline]
+    pub fn uncharge(&self, slot: SlotId, device: usize, bytes: u64) {
+        if device >= self.device_count as usize || bytes > MAX_CHARGE_BYTES {
+            return;
+        }
+        let repairs = &self.header().underflow_repairs;
+        // Group first, slot second (the mirror of `charge`): a process killed between the two
+        // can only leave the group under-charged after reclaim, never charged for memory that
+        // no longer exists.
+        sub_clamped(
+            &self.group(slot.group as usize).used_bytes[device],
+            bytes,
+            repairs,
+        );
+        sub_clamped(
+            &self.slot(slot.index as usize).used_bytes[device],
+            bytes,
+            repairs,
+        );
+    }
+
+    /// What the process in `slot` may see of `device` (see [`DeviceView`]).
+    pub fn device_view(&self, slot: SlotId, device: usize) -> DeviceView {
+        if device >= self.device_count as usize {
+            return DeviceView {
+                limit_bytes: NO_LIMIT,
+                available_bytes: NO_LIMIT,
+            };
+        }
+        let s = self.slot(slot.index as usize);
+        let g = self.group(slot.group as usize);
+        let process_limit = g.per_process_limit_bytes[device].load(Ordering::Relaxed);
+        let group_limit = g.limit_bytes[device].load(Ordering::Relaxed);
+        let process_left =
+            process_limit.saturating_sub(s.used_bytes[device].load(Ordering::Relaxed));
+        let group_left = group_limit.saturating_sub(g.used_bytes[device].load(Ordering::Relaxed));
+        let process_left = if process_limit == NO_LIMIT {
+            NO_LIMIT
+        } else {
+            process_left
+        };
+        let group_left = if group_limit == NO_LIMIT {
+            NO_LIMIT
+        } else {
+            group_left
+        };
+        DeviceView {
+            limit_bytes: process_limit.min(group_limit),
+            available_bytes: process_left.min(group_left),
+        }
+    }
+
+    /// What a process of `group` that has no slot yet would see of `device`.
+    pub fn group_view(&self, group: u32, device: usize) -> DeviceView {
+        if device >= self.device_count as usize || group >= self.group_count {
+            return DeviceView {
+                limit_bytes: NO_LIMIT,
+                available_bytes: NO_LIMIT,
+            };
+        }
+        let g = self.group(group as usize);
+        let process_limit = g.per_process_limit_bytes[device].load(Ordering::Relaxed);
+        let group_limit = g.limit_bytes[device].load(Ordering::Relaxed);
+        let group_left = if group_limit == NO_LIMIT {
+            NO_LIMIT
+        } else {
+            group_limit.saturating_sub(g.used_bytes[device].load(Ordering::Relaxed))
+        };
+        DeviceView {
+            limit_bytes: process_limit.min(group_limit),
+            available_bytes: process_limit.min(group_left),
+        }
+    }
+
+    /// Bytes charged to `group` on `device` right now (one atomic load; 0 if out of range).
+    pub fn group_used_bytes(&self, group: u32, device: usize) -> u64 {
+        if group >= self.group_count || device >= self.device_count as usize {
+            return 0;
+        }
+        self.group(group as usize).used_bytes[device].load(Ordering::Relaxed)
+    }
+
+    /// The policy flags of `group` (both false for an unknown group).
+    pub fn group_policy(&self, group: u32) -> GroupPolicy {
+        if group >= self.group_count {
+            return GroupPolicy {
+                cpu_only: false,
+                children_cpu_only: false,
+            };
+        }
+        let flags = self.group(group as usize).flags.load(Ordering::Relaxed);
+        GroupPolicy {
+            cpu_only: flags & GROUP_FLAG_CPU_ONLY != 0,
+            children_cpu_only: flags & GROUP_FLAG_CHILDREN_CPU_ONLY != 0,
+        }
+    }
+
+    /// Changes a group's limits on one device while the job runs ([`NO_LIMIT`] = none).
+    /// Lowering a limit below current use refuses new allocations; it frees nothing.
+    pub fn set_group_limits(
+        &self,
+        group: u32,
+        device: usize,
+        limit_bytes: u64,
+        per_process_limit_bytes: u64,
+    ) -> Result<(), LedgerError> {
+        if group >= self.group_count {
+            return Err(LedgerError::UnknownGroup {
+                group,
+                groups: self.group_count,
+            });
+        }
+        if device >= self.device_count as usize {
+            return Err(LedgerError::InvalidConfig {
+                detail: format!(
+                    "device index {device}, the ledger has {} devices",
+                    self.device_count
+                ),
+            });
+        }
+        let g = self.group(group as usize);
+        g.limit_bytes[device].store(limit_bytes, Ordering::Relaxed);
+        g.per_process_limit_bytes[device].store(per_process_limit_bytes, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Claims a free slot for the process `identity` in `group`.
+    ///
+    /// Probes from a slot picked by the pid, so registration of many processes is O(1) each
+    /// in the common case; if every slot is held, reclaims dead processes once and retries.
+    pub fn register_process(
+        &self,
+        group: u32,
+        identity: &ProcessIdentity,
+    ) -> Result<SlotId, LedgerError> {
+        if group >= self.group_count {
+            return Err(LedgerError::UnknownGroup {
+                group,
+                groups: self.group_count,
+            });
+        }
+        for attempt in 0..2 {
+            if let Some(slot) = self.try_claim(group, identity) {
+                return Ok(slot);
+            }
+            if attempt == 0 && self.reclaim_dead().is_empty() {
+                break;
+            }
+        }
+        Err(LedgerError::NoFreeSlot {
+            slots: self.slot_count,
+        })
+    }
+
+    /// [`Ledger::register_process`] for the calling process (identity from /proc/self/stat).
+    pub fn register_current_process(&self, group: u32) -> Result<SlotId, LedgerError> {
+        let identity = procfs::read_identity(0).ok_or_else(|| LedgerError::Io {
+            op: "read /proc/self/stat",
+            path: self.path().to_path_buf(),
+            source: std::io::Error::last_os_error(),
+        })?;
+        self.register_process(group, &identity)
+    }
+
+    fn try_claim(&self, group: u32, identity: &ProcessIdentity) -> Option<SlotId> {
+        let n = self.slot_count as usize;
+        // Fibonacci hashing spreads consecutive pids over the slot array.
+        let start =
+            ((identity.pid as u32 as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) as usize % n;
+        for k in 0..n {
+            let index = (start + k) % n;
+            let s = self.slot(index);
+            let owner = s.owner.load(Ordering::Relaxed);
+            if owner != SLOT_FREE {
+                continue;
+            }
+            // A generation in the owner word makes a stale reclaimer's CAS fail (ABA on pid reuse).
+            let generation = self.header().claims_total.fetch_add(1, Ordering::Relaxed) & 0xff_ffff;
+            let claiming =
+                (generation << GEN_SHIFT) | owner_word(SLOT_STATE_CLAIMING, identity.pid);
+            if s.owner
+                .compare_exchange(SLOT_FREE, claiming, Ordering::AcqRel, Ordering::Relaxed)
+                .is_err()
+            {
+                continue;
+            }
+            s.start_time.store(identity.start_time, Ordering::Relaxed);
+            s.group.store(group, Ordering::Relaxed);
+            s.flags.store(0, Ordering::Relaxed);
+            s.contexts.store(0, Ordering::Relaxed);
+            s.denied_count.store(0, Ordering::Relaxed);
+            s.untracked_count.store(0, Ordering::Relaxed);
+            let name: [u64; SLOT_NAME_LEN / 8] = pack_words(&identity.name);
+            for (dst, src) in s.name.iter().zip(name) {
+                dst.store(src, Ordering::Relaxed);
+            }
+            for d in 0..MAX_DEVICES {
+                s.used_bytes[d].store(0, Ordering::Relaxed);
+                s.peak_bytes[d].store(0, Ordering::Relaxed);
+            }
+            s.owner
+                .store(with_state(claiming, SLOT_STATE_LIVE), Ordering::Release);
+            return Some(SlotId {
+                index: index as u32,
+                group,
+            });
+        }
+        None
+    }
+
+    /// Counts a context created (or primary context retained) by the slot's process.
+    pub fn count_context(&self, slot: SlotId) {
+        self.slot(slot.index as usize)
+            .contexts
+            .fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts an allocation the shim passed through without tracking it (its pointer table was
+    /// full, so its free cannot be matched): the ledger under-reports by that allocation.
+    pub fn count_untracked(&self, slot: SlotId) {
+        self.slot(slot.index as usize)
+            .untracked_count
+            .fetch_add(1, Ordering::Relaxed);
+        self.header()
+            .untracked_allocations
+            .fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Frees `slot` now, returning what it still had charged to its group. For a process that
+    /// is exiting cleanly; a dead process's slot is freed by [`Ledger::reclaim_dead`].
+    pub fn release_slot(&self, slot: SlotId) -> Option<ReclaimedProcess> {
+        let s = self.slot(slot.index as usize);
+        let owner = s.owner.load(Ordering::Acquire);
+        if owner_state(owner) != SLOT_STATE_LIVE {
+            return None;
+        }
+        self.reclaim_owner(slot.index as usize, owner)
+            .map(|r| self.reclaimed(r))
+    }
+
+    fn reclaimed(&self, r: Reclaimed) -> ReclaimedProcess {
+        ReclaimedProcess {
+            slot: r.slot,
+            pid: r.pid,
+            group: r.group,
+            used_bytes: r.used_bytes[..self.device_count as usize].to_vec(),
+        }
+    }
+
+    /// Frees the slots of every dead process (gone, zombie, or its pid now belongs to a
+    /// process with another start time) and subtracts what they had charged from their groups.
+    ///
+    /// Costs one `kill(pid, 0)` and one read of `/proc/PID/stat` per registered process; the
+    /// supervisor calls it when children exit or on its polling tick.
+    pub fn reclaim_dead(&self) -> Vec<ReclaimedProcess> {
+        (0..self.slot_count as usize)
+            .filter_map(|i| self.reclaim_if_dead(i, None))
+            .map(|r| self.reclaimed(r))
+            .collect()
+    }
+
+    /// [`Ledger::reclaim_dead`] limited to the slots of one group; returns how many were freed.
+    /// The shim calls this before refusing an allocation; it allocates nothing on the heap.
+    pub fn reclaim_dead_in_group(&self, group: u32) -> usize {
+        (0..self.slot_count as usize)
+            .filter(|i| self.reclaim_if_dead(*i, Some(group)).is_some())
+            .count()
+    }
+
+    fn reclaim_if_dead(&self, index: usize, group: Option<u32>) -> Option<Reclaimed> {
+        let s = self.slot(index);
+        let owner = s.owner.load(Ordering::Acquire);
+        let state = owner_state(owner);
+        if state != SLOT_STATE_LIVE && state != SLOT_STATE_CLAIMING {
+            return None;
+        }
+        if group.is_some_and(|g| g != s.group.load(Ordering::Relaxed)) {
+            return None;
+        }
+        let pid = owner_pid(owner);
+        let start_time = s.start_time.load(Ordering::Relaxed);
+        let alive = if state == SLOT_STATE_CLAIMING && start_time == 0 {
+            // Still being filled in: only a vanished pid is certainly dead.
+            procfs::is_alive(
+                pid,
+                procfs::read_identity(pid).map_or(0, |id| id.start_time),
+            )
+        } else {
+            procfs::is_alive(pid, start_time)
+        };
+        if alive {
+            return None;
+        }
+        self.reclaim_owner(index, owner)
+    }
+
+    /// Takes the slot from `owner` (CAS, so exactly one reclaimer wins) and frees it.
+    fn reclaim_owner(&self, index: usize, owner: u64) -> Option<Reclaimed> {
+        let s = self.slot(index);
+        let reclaiming = with_state(owner, SLOT_STATE_RECLAIMING);
+        if s.owner
+            .compare_exchange(owner, reclaiming, Ordering::AcqRel, Ordering::Relaxed)
+            .is_err()
+        {
+            return None;
+        }
+        let group = s.group.load(Ordering::Relaxed);
+        let repairs = &self.header().underflow_repairs;
+        let mut used = [0u64; MAX_DEVICES];
+        for (d, u) in used.iter_mut().enumerate().take(self.device_count as usize) {
+            *u = s.used_bytes[d].swap(0, Ordering::AcqRel);
+            if *u > 0 && group < self.group_count {
+                sub_clamped(&self.group(group as usize).used_bytes[d], *u, repairs);
+            }
+        }
+        for d in 0..MAX_DEVICES {
+            s.used_bytes[d].store(0, Ordering::Relaxed);
+            s.peak_bytes[d].store(0, Ordering::Relaxed);
+        }
+        s.start_time.store(0, Ordering::Relaxed);
+        s.owner.store(SLOT_FREE, Ordering::Release);
+        Some(Reclaimed {
+            slot: index as u32,
+            pid: owner_pid(owner),
+            group,
+            used_bytes: used,
+        })
+    }
+
+    pub(crate) fn slot_owner(&self, index: usize) -> (bool, i32) {
+        let owner = self.slot(index).owner.load(Ordering::Acquire);
+        (owner_state(owner) == SLOT_STATE_LIVE, owner_pid(owner))
+    }
+}

@@ -1,0 +1,33 @@
+//! The handful of libc functions the ledger needs, declared by hand so the crate has no
+//! dependencies (it is also compiled with plain `rustc` by the CLI's build script).
+
+use std::os::raw::{c_int, c_void};
+
+/// `PROT_READ` from `<sys/mman.h>`.
+pub const PROT_READ: c_int = 0x1;
+/// `PROT_WRITE` from `<sys/mman.h>`.
+pub const PROT_WRITE: c_int = 0x2;
+/// `MAP_SHARED` from `<sys/mman.h>`.
+pub const MAP_SHARED: c_int = 0x01;
+/// `MAP_FAILED` from `<sys/mman.h>`.
+pub const MAP_FAILED: *mut c_void = !0usize as *mut c_void;
+/// `EPERM` from `<errno.h>`.
+pub const EPERM: i32 = 1;
+
+extern "C" {
+    /// mmap(2).
+    pub fn mmap(
+        addr: *mut c_void,
+        len: usize,
+        prot: c_int,
+        flags: c_int,
+        fd: c_int,
+        offset: i64,
+    ) -> *mut c_void;
+    /// munmap(2).
+    pub fn munmap(addr: *mut c_void, len: usize) -> c_int;
+    /// kill(2); signal 0 only probes existence.
+    pub fn kill(pid: i32, sig: c_int) -> c_int;
+    /// getpid(2).
+    pub fn getpid() -> i32;
+}

@@ -1,0 +1,513 @@
+//! The exported driver entry points the shim wraps. Each one: charge the ledger (refusing with
+//! `CUDA_ERROR_OUT_OF_MEMORY` over budget), call the real driver, record the allocation for its
+//! free — or, with no ledger / an unknown device / any doubt, just call the real driver.
+//!
+//! Every entry point runs its body under `catch_unwind`; if anything panicked it passes the call
+//! straight to the driver, so no panic crosses into the host program.
+// These are C entry points of the CUDA driver API; their safety contract is that API's
+// (valid out-pointers, NUL-terminated names), stated once here instead of on each function.
+#![allow(non_snake_case, clippy::missing_safety_doc)]
+
+use std::os::raw::{c_int, c_uint, c_void};
+
+use gpuvisor_ledger::{Denial, Ledger, LimitKind, SlotId};
+
+use crate::cuda::*;
+use crate::real::{self, Sym};
+use crate::state::{self, HANDLES, POINTERS};
+use crate::table::{Insert, Table};
+
+/// Runs `$body`; on a panic, evaluates `$fallback` instead.
+macro_rules! guarded {
+    ($fallback:expr, $body:expr) => {
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| $body)) {
+            Ok(result) => result,
+            Err(_) => $fallback,
+        }
+    };
+}
+
+/// Calls the real `$sym` with `$args`, or reports a missing driver.
+macro_rules! call_real {
+    ($sym:ident, $sig:ty, $($arg:expr),*) => {
+        // SAFETY: `$sig` is the C signature of `$sym`; the arguments are the caller's, unchanged.
+        match unsafe { real::get::<$sig>(Sym::$sym) } {
+            Some(f) => unsafe { f($($arg),*) },
+            None => CUDA_ERROR_SHARED_OBJECT_INIT_FAILED,
+        }
+    };
+}
+
+/// A charge taken before calling the driver.
+struct Charge {
+    ledger: &'static Ledger,
+    slot: SlotId,
+    device: usize,
+    size: u64,
+}
+
+enum Pre {
+    /// Not accounted (no ledger, no slot, device not in the ledger): call through.
+    Pass,
+    /// Over budget: return `CUDA_ERROR_OUT_OF_MEMORY` without calling the driver.
+    Denied,
+    /// Charged: call the driver, then keep or roll back.
+    Charged(Charge),
+}
+
+/// Charges `size` on `device` (None = the current context's device).
+#[inline]
+fn precharge(size: u64, device: Option<CUdevice>) -> Pre {
+    let Some(ledger) = state::ledger() else {
+        return Pre::Pass;
+    };
+    let Some(slot) = state::slot(ledger) else {
+        return Pre::Pass;
+    };
+    let index = match device {
+        Some(d) => state::ledger_device(ledger, d),
+        None => state::current_device(ledger),
+    };
+    let Some(index) = index else { return Pre::Pass };
+    match ledger.charge(slot, index, size) {
+        Ok(()) => Pre::Charged(Charge {
+            ledger,
+            slot,
+            device: index,
+            size,
+        }),
+        Err(denial) => refused(ledger, slot, index, size, denial),
+    }
+}
+
+/// Slow path of a refusal: if the group limit refused, free the slots of dead processes of the
+/// group once and retry; otherwise record the denial.
+#[cold]
+fn refused(ledger: &'static Ledger, slot: SlotId, device: usize, size: u64, denial: Denial) -> Pre {
+    if denial.limit_kind == LimitKind::Group && ledger.reclaim_dead_in_group(slot.group) > 0 {
+        match ledger.charge(slot, device, size) {
+            Ok(()) => {
+                return Pre::Charged(Charge {
+                    ledger,
+                    slot,
+                    device,
+                    size,
+                })
+            }
+            Err(again) => {
+                ledger.record_denial(slot, state::pid(), device, size, &again);
+                return Pre::Denied;
+            }
+        }
+    }
+    ledger.record_denial(slot, state::pid(), device, size, &denial);
+    Pre::Denied
+}
+
+/// After the driver returned `result` for a charged allocation whose key is `key()`: roll the
+/// charge back on failure, else record key → size for the free. A full table means the free
+/// could not be matched: the charge is returned now and the allocation counted as untracked.
+/// A stale entry for the same address (memory freed without a free we saw) gives its charge back.
+#[inline]
+fn settle(charge: Charge, result: CUresult, table: &Table, key: impl FnOnce() -> u64) -> CUresult {
+    let Charge {
+        ledger,
+        slot,
+        device,
+        size,
+    } = charge;
+    if result != CUDA_SUCCESS {
+        ledger.uncharge(slot, device, size);
+        return result;
+    }
+    match table.insert(key(), size, device) {
+        Insert::New => {}
+        Insert::Replaced(stale_size, stale_device) => {
+            ledger.uncharge(slot, stale_device, stale_size)
+        }
+        Insert::Full => {
+            ledger.uncharge(slot, device, size);
+            ledger.count_untracked(slot);
+        }
+    }
+    result
+}
+
+/// Allocates through `alloc` with a pre-charge of `size` on `device`.
+#[inline]
+fn charged(
+    size: usize,
+    device: Option<CUdevice>,
+    table: &Table,
+    out: *mut CUdeviceptr,
+    alloc: impl FnOnce() -> CUresult,
+) -> CUresult {
+    if out.is_null() {
+        return alloc();
+    }
+    match precharge(size as u64, device) {
+        Pre::Pass => alloc(),
+        Pre::Denied => CUDA_ERROR_OUT_OF_MEMORY,
+        // SAFETY: out is non-null and the driver wrote the address on success.
+        Pre::Charged(c) => settle(c, alloc(), table, || unsafe { *out }),
+    }
+}
+
+/// Frees `key` through `free`, returning its charge if the driver accepted the free.
+#[inline]
+fn tracked_free(table: &Table, key: u64, free: impl FnOnce() -> CUresult) -> CUresult {
+    let Some(ledger) = state::ledger() else {
+        return free();
+    };
+    // Removed before the driver call: once freed, the driver may hand the same address to
+    // another thread, whose insert must not collide with our stale entry.
+    let Some((size, device)) = table.remove(key) else {
+        return free();
+    };
+    let result = free();
+    let Some(slot) = state::slot(ledger) else {
+        return result;
+    };
+    if result == CUDA_SUCCESS {
+        ledger.uncharge(slot, device, size);
+    } else {
+        // Still allocated (bad stream, ...): keep tracking it, or give the charge back if the
+        // entry no longer fits (it could never be freed otherwise).
+        match table.insert(key, size, device) {
+            Insert::New => {}
+            Insert::Replaced(stale_size, stale_device) => {
+                ledger.uncharge(slot, stale_device, stale_size)
+            }
+            Insert::Full => {
+                ledger.uncharge(slot, device, size);
+                ledger.count_untracked(slot);
+            }
+        }
+    }
+    result
+}
+
+/// cuMemAlloc_v2: charged on the current device.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, size: usize) -> CUresult {
+    let real = || call_real!(MemAlloc, sig::MemAlloc, dptr, size);
+    guarded!(real(), charged(size, None, &POINTERS, dptr, real))
+}
+
+/// cuMemAllocManaged: charged on the current device (where it is first placed).
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAllocManaged(
+    dptr: *mut CUdeviceptr,
+    size: usize,
+    flags: c_uint,
+) -> CUresult {
+    let real = || call_real!(MemAllocManaged, sig::MemAllocManaged, dptr, size, flags);
+    guarded!(real(), charged(size, None, &POINTERS, dptr, real))
+}
+
+/// cuMemAllocAsync: charged at call time on the current device.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAllocAsync(
+    dptr: *mut CUdeviceptr,
+    size: usize,
+    stream: Handle,
+) -> CUresult {
+    let real = || call_real!(MemAllocAsync, sig::MemAllocAsync, dptr, size, stream);
+    guarded!(real(), charged(size, None, &POINTERS, dptr, real))
+}
+
+/// cuMemAllocAsync_ptsz (per-thread default stream variant).
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAllocAsync_ptsz(
+    dptr: *mut CUdeviceptr,
+    size: usize,
+    stream: Handle,
+) -> CUresult {
+    let real = || call_real!(MemAllocAsyncPtsz, sig::MemAllocAsync, dptr, size, stream);
+    guarded!(real(), charged(size, None, &POINTERS, dptr, real))
+}
+
+/// cuMemAllocFromPoolAsync: charged at call time on the current device.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAllocFromPoolAsync(
+    dptr: *mut CUdeviceptr,
+    size: usize,
+    pool: Handle,
+    stream: Handle,
+) -> CUresult {
+    let real = || {
+        call_real!(
+            MemAllocFromPoolAsync,
+            sig::MemAllocFromPoolAsync,
+            dptr,
+            size,
+            pool,
+            stream
+        )
+    };
+    guarded!(real(), charged(size, None, &POINTERS, dptr, real))
+}
+
+/// cuMemAllocFromPoolAsync_ptsz.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAllocFromPoolAsync_ptsz(
+    dptr: *mut CUdeviceptr,
+    size: usize,
+    pool: Handle,
+    stream: Handle,
+) -> CUresult {
+    let real = || {
+        call_real!(
+            MemAllocFromPoolAsyncPtsz,
+            sig::MemAllocFromPoolAsync,
+            dptr,
+            size,
+            pool,
+            stream
+        )
+    };
+    guarded!(real(), charged(size, None, &POINTERS, dptr, real))
+}
+
+/// cuMemAllocPitch_v2: the size (pitch × height) is known only after the call, so it is
+/// charged afterwards; over budget, the allocation is freed again and refused.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAllocPitch_v2(
+    dptr: *mut CUdeviceptr,
+    pitch: *mut usize,
+    width: usize,
+    height: usize,
+    element_bytes: c_uint,
+) -> CUresult {
+    let real = || {
+        call_real!(
+            MemAllocPitch,
+            sig::MemAllocPitch,
+            dptr,
+            pitch,
+            width,
+            height,
+            element_bytes
+        )
+    };
+    guarded!(real(), {
+        let result = real();
+        if result != CUDA_SUCCESS || dptr.is_null() || pitch.is_null() {
+            return result;
+        }
+        // SAFETY: both out-pointers are non-null and were written by the successful call.
+        let (address, bytes) = unsafe { (*dptr, (*pitch).saturating_mul(height)) };
+        match precharge(bytes as u64, None) {
+            Pre::Pass => result,
+            Pre::Denied => {
+                call_real!(MemFree, sig::MemFree, address);
+                CUDA_ERROR_OUT_OF_MEMORY
+            }
+            Pre::Charged(c) => settle(c, result, &POINTERS, || address),
+        }
+    })
+}
+
+/// cuMemCreate (VMM): charged at create on the device in `prop.location`; host memory is not.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemCreate(
+    handle: *mut CUmemHandle,
+    size: usize,
+    prop: *const MemAllocationPropHead,
+    flags: u64,
+) -> CUresult {
+    let real = || call_real!(MemCreate, sig::MemCreate, handle, size, prop, flags);
+    guarded!(real(), {
+        if handle.is_null() || prop.is_null() {
+            return real();
+        }
+        // SAFETY: prop is non-null and points to a CUmemAllocationProp, which starts with
+        // these four ints.
+        let (location_type, device) = unsafe { ((*prop).location_type, (*prop).location_id) };
+        if location_type != CU_MEM_LOCATION_TYPE_DEVICE {
+            return real();
+        }
+        match precharge(size as u64, Some(device)) {
+            Pre::Pass => real(),
+            Pre::Denied => CUDA_ERROR_OUT_OF_MEMORY,
+            // SAFETY: handle is non-null and written on success.
+            Pre::Charged(c) => settle(c, real(), &HANDLES, || unsafe { *handle }),
+        }
+    })
+}
+
+/// cuMemFree_v2.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
+    let real = || call_real!(MemFree, sig::MemFree, dptr);
+    guarded!(real(), tracked_free(&POINTERS, dptr, real))
+}
+
+/// cuMemFreeAsync: the charge is returned at call time.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemFreeAsync(dptr: CUdeviceptr, stream: Handle) -> CUresult {
+    let real = || call_real!(MemFreeAsync, sig::MemFreeAsync, dptr, stream);
+    guarded!(real(), tracked_free(&POINTERS, dptr, real))
+}
+
+/// cuMemFreeAsync_ptsz.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemFreeAsync_ptsz(dptr: CUdeviceptr, stream: Handle) -> CUresult {
+    let real = || call_real!(MemFreeAsyncPtsz, sig::MemFreeAsync, dptr, stream);
+    guarded!(real(), tracked_free(&POINTERS, dptr, real))
+}
+
+/// cuMemRelease: the charge is returned at call time.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemRelease(handle: CUmemHandle) -> CUresult {
+    let real = || call_real!(MemRelease, sig::MemRelease, handle);
+    guarded!(real(), tracked_free(&HANDLES, handle, real))
+}
+
+/// The budget view of `device` (ledger index) for this process: (limit, available).
+fn budget(ledger: &Ledger, device: usize) -> (u64, u64) {
+    let view = match state::slot(ledger) {
+        Some(slot) => ledger.device_view(slot, device),
+        None => ledger.group_view(state::group(), device),
+    };
+    (view.limit_bytes, view.available_bytes)
+}
+
+/// cuMemGetInfo_v2: total = min(budget, physical), free = min(budget − used, physical free).
+#[no_mangle]
+pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CUresult {
+    let real = || call_real!(MemGetInfo, sig::MemGetInfo, free, total);
+    guarded!(real(), {
+        let result = real();
+        if result != CUDA_SUCCESS || free.is_null() || total.is_null() {
+            return result;
+        }
+        let Some(ledger) = state::ledger() else {
+            return result;
+        };
+        let Some(device) = state::current_device(ledger) else {
+            return result;
+        };
+        let (limit, available) = budget(ledger, device);
+        // SAFETY: both pointers are non-null and were written by the successful call.
+        unsafe {
+            let physical_total = *total as u64;
+            let shown_total = limit.min(physical_total);
+            *total = shown_total as usize;
+            *free = available.min(*free as u64).min(shown_total) as usize;
+        }
+        result
+    })
+}
+
+/// cuDeviceTotalMem_v2: min(budget, physical).
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, device: CUdevice) -> CUresult {
+    let real = || call_real!(DeviceTotalMem, sig::DeviceTotalMem, bytes, device);
+    guarded!(real(), {
+        let result = real();
+        if result != CUDA_SUCCESS || bytes.is_null() {
+            return result;
+        }
+        let Some(ledger) = state::ledger() else {
+            return result;
+        };
+        let Some(index) = state::ledger_device(ledger, device) else {
+            return result;
+        };
+        let (limit, _) = budget(ledger, index);
+        // SAFETY: non-null and written by the successful call.
+        unsafe { *bytes = limit.min(*bytes as u64) as usize };
+        result
+    })
+}
+
+/// Refuses a CPU-only process (recording it once); counts a created context otherwise.
+fn context_call(call: impl FnOnce() -> CUresult) -> CUresult {
+    if state::cpu_only() {
+        state::record_violation();
+        return CUDA_ERROR_NO_DEVICE;
+    }
+    let result = call();
+    if result == CUDA_SUCCESS {
+        if let Some(ledger) = state::ledger() {
+            if let Some(slot) = state::slot(ledger) {
+                ledger.count_context(slot);
+            }
+        }
+    }
+    result
+}
+
+/// cuInit: refused for CPU-only processes; otherwise registers the process in the ledger (its
+/// first CUDA use) after the driver initialised.
+#[no_mangle]
+pub unsafe extern "C" fn cuInit(flags: c_uint) -> CUresult {
+    let real = || call_real!(Init, sig::Init, flags);
+    guarded!(real(), {
+        if state::cpu_only() {
+            state::record_violation();
+            return CUDA_ERROR_NO_DEVICE;
+        }
+        let result = real();
+        if result == CUDA_SUCCESS {
+            if let Some(ledger) = state::ledger() {
+                state::slot(ledger);
+            }
+        }
+        result
+    })
+}
+
+/// cuCtxCreate_v2.
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxCreate_v2(
+    ctx: *mut Handle,
+    flags: c_uint,
+    device: CUdevice,
+) -> CUresult {
+    let real = || call_real!(CtxCreateV2, sig::CtxCreateV2, ctx, flags, device);
+    guarded!(real(), context_call(real))
+}
+
+/// cuCtxCreate_v3 (with execution-affinity parameters).
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxCreate_v3(
+    ctx: *mut Handle,
+    params: *mut c_void,
+    count: c_int,
+    flags: c_uint,
+    device: CUdevice,
+) -> CUresult {
+    let real = || {
+        call_real!(
+            CtxCreateV3,
+            sig::CtxCreateV3,
+            ctx,
+            params,
+            count,
+            flags,
+            device
+        )
+    };
+    guarded!(real(), context_call(real))
+}
+
+/// cuCtxCreate_v4 (with CUctxCreateParams).
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxCreate_v4(
+    ctx: *mut Handle,
+    params: *mut c_void,
+    flags: c_uint,
+    device: CUdevice,
+) -> CUresult {
+    let real = || call_real!(CtxCreateV4, sig::CtxCreateV4, ctx, params, flags, device);
+    guarded!(real(), context_call(real))
+}
+
+/// cuDevicePrimaryCtxRetain (how the runtime creates its context).
+#[no_mangle]
+pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(ctx: *mut Handle, device: CUdevice) -> CUresult {
+    let real = || call_real!(PrimaryCtxRetain, sig::PrimaryCtxRetain, ctx, device);
+    guarded!(real(), context_call(real))
+}

@@ -1,0 +1,240 @@
+//! The two indirect ways to reach the driver: `dlsym` (JAX's CUDA plugin dlopens libcuda.so.1
+//! and looks up every symbol) and `cuGetProcAddress`/`_v2` (how the CUDA runtime gets every
+//! entry point since 11.3). Both must hand out our hooks, or allocations escape the budget.
+// These are C entry points of the CUDA driver API; their safety contract is that API's
+// (valid out-pointers, NUL-terminated names), stated once here instead of on each function.
+#![allow(non_snake_case, clippy::missing_safety_doc)]
+
+use std::os::raw::{c_char, c_int, c_void};
+
+use crate::cuda::*;
+use crate::hooks;
+use crate::real::{self, Sym, ALL};
+
+/// Our hook for `sym`, if we wrap it (the last three are only called, not wrapped).
+pub fn hook_address(sym: Sym) -> Option<*mut c_void> {
+    let p = match sym {
+        Sym::Init => hooks::cuInit as *const (),
+        Sym::GetProcAddress => cuGetProcAddress as *const (),
+        Sym::GetProcAddressV2 => cuGetProcAddress_v2 as *const (),
+        Sym::MemAlloc => hooks::cuMemAlloc_v2 as *const (),
+        Sym::MemAllocPitch => hooks::cuMemAllocPitch_v2 as *const (),
+        Sym::MemAllocManaged => hooks::cuMemAllocManaged as *const (),
+        Sym::MemAllocAsync => hooks::cuMemAllocAsync as *const (),
+        Sym::MemAllocAsyncPtsz => hooks::cuMemAllocAsync_ptsz as *const (),
+        Sym::MemAllocFromPoolAsync => hooks::cuMemAllocFromPoolAsync as *const (),
+        Sym::MemAllocFromPoolAsyncPtsz => hooks::cuMemAllocFromPoolAsync_ptsz as *const (),
+        Sym::MemCreate => hooks::cuMemCreate as *const (),
+        Sym::MemFree => hooks::cuMemFree_v2 as *const (),
+        Sym::MemFreeAsync => hooks::cuMemFreeAsync as *const (),
+        Sym::MemFreeAsyncPtsz => hooks::cuMemFreeAsync_ptsz as *const (),
+        Sym::MemRelease => hooks::cuMemRelease as *const (),
+        Sym::MemGetInfo => hooks::cuMemGetInfo_v2 as *const (),
+        Sym::DeviceTotalMem => hooks::cuDeviceTotalMem_v2 as *const (),
+        Sym::CtxCreateV2 => hooks::cuCtxCreate_v2 as *const (),
+        Sym::CtxCreateV3 => hooks::cuCtxCreate_v3 as *const (),
+        Sym::CtxCreateV4 => hooks::cuCtxCreate_v4 as *const (),
+        Sym::PrimaryCtxRetain => hooks::cuDevicePrimaryCtxRetain as *const (),
+        Sym::CtxGetDevice | Sym::DeviceGetUuidV2 | Sym::DeviceGetUuid | Sym::DeviceGetCount => {
+            return None
+        }
+    };
+    Some(p as *mut c_void)
+}
+
+/// The wrapped symbol named exactly `name`.
+fn hooked_by_name(name: &[u8]) -> Option<Sym> {
+    // Cheap reject first: every call to dlsym in the process comes through here.
+    if name.len() < 6 || name[0] != b'c' || name[1] != b'u' {
+        return None;
+    }
+    ALL.iter()
+        .copied()
+        .find(|s| s.name() == name && hook_address(*s).is_some())
+}
+
+/// What our `dlsym` returns for `name`: our hook if we wrap that symbol and the real driver has
+/// it, else null ("ask libc").
+extern "C" fn gpuvisor_shim_dlsym_lookup(_handle: *mut c_void, name: *const c_char) -> *mut c_void {
+    if name.is_null() {
+        return std::ptr::null_mut();
+    }
+    let found = std::panic::catch_unwind(|| {
+        // SAFETY: dlsym's contract: name is a NUL-terminated string.
+        let bytes = unsafe { std::ffi::CStr::from_ptr(name) }.to_bytes();
+        let sym = hooked_by_name(bytes)?;
+        // Only if the driver really has it: a program probing for an entry point the installed
+        // driver lacks must still get NULL.
+        real::raw(sym)?;
+        hook_address(sym)
+    });
+    found.ok().flatten().unwrap_or(std::ptr::null_mut())
+}
+
+/// libc's `dlsym`, as a raw pointer for the trampoline (null if not found).
+extern "C" fn gpuvisor_shim_real_dlsym() -> *mut c_void {
+    real::real_dlsym().map_or(std::ptr::null_mut(), |f| f as *mut c_void)
+}
+
+/// Our `dlsym`. On x86-64 it is a trampoline that *jumps* (not calls) into libc's dlsym for
+/// every name we do not wrap, so libc sees the original caller's return address and
+/// `dlsym(RTLD_NEXT, ...)` keeps meaning "next after the caller", not "next after the shim".
+#[cfg(target_arch = "x86_64")]
+#[unsafe(naked)]
+#[no_mangle]
+pub unsafe extern "C" fn dlsym(handle: *mut c_void, name: *const c_char) -> *mut c_void {
+    std::arch::naked_asm!(
+        // A valid indirect-branch target under CET (a NOP elsewhere).
+        "endbr64",
+        // Keep the arguments; 8 more bytes align the stack to 16 for the calls.
+        "push rdi",
+        "push rsi",
+        "sub rsp, 8",
+        "call {lookup}",
+        "test rax, rax",
+        "jnz 2f",
+        "call {real}",
+        "test rax, rax",
+        "jz 2f",
+        "add rsp, 8",
+        "pop rsi",
+        "pop rdi",
+        "jmp rax",
+        "2:",
+        "add rsp, 8",
+        "pop rsi",
+        "pop rdi",
+        "ret",
+        lookup = sym gpuvisor_shim_dlsym_lookup,
+        real = sym gpuvisor_shim_real_dlsym,
+    )
+}
+
+/// Our `dlsym` elsewhere: a plain call (RTLD_NEXT from the caller then resolves relative to the
+/// shim; documented limitation off x86-64).
+#[cfg(not(target_arch = "x86_64"))]
+#[no_mangle]
+pub unsafe extern "C" fn dlsym(handle: *mut c_void, name: *const c_char) -> *mut c_void {
+    let hook = gpuvisor_shim_dlsym_lookup(handle, name);
+    if !hook.is_null() {
+        return hook;
+    }
+    match real::real_dlsym() {
+        // SAFETY: libc's dlsym with the caller's arguments.
+        Some(f) => unsafe { f(handle, name) },
+        None => std::ptr::null_mut(),
+    }
+}
+
+/// `CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM`.
+const PER_THREAD_DEFAULT_STREAM: u64 = 2;
+
+/// If `returned` (what the real cuGetProcAddress gave for base name `name`) is the very
+/// function one of our hooks wraps, our hook. If the driver handed out a pointer we do not
+/// recognise (some drivers may return internal entry points), fall back to the documented
+/// version rules, but only where they are unambiguous: the `_v2` names since CUDA 3.2, the
+/// unversioned allocation calls (with their `_ptsz` twins), and `cuGetProcAddress_v2` since
+/// 12.0. Legacy versions and anything else (e.g. `cuCtxCreate`, whose v2/v3/v4 differ in
+/// arguments) pass through untouched.
+fn swap_for_hook(
+    name: *const c_char,
+    returned: *mut c_void,
+    version: c_int,
+    flags: u64,
+) -> Option<*mut c_void> {
+    if name.is_null() || returned.is_null() {
+        return None;
+    }
+    // SAFETY: cuGetProcAddress's contract: a NUL-terminated symbol name.
+    let name = unsafe { std::ffi::CStr::from_ptr(name) }.to_bytes();
+    if name.len() < 3 || &name[..2] != b"cu" {
+        return None;
+    }
+    let exact = ALL
+        .iter()
+        .copied()
+        .filter(|s| s.base_name() == name || s.name() == name)
+        .find(|s| real::raw(*s) == Some(returned));
+    if let Some(sym) = exact {
+        return hook_address(sym);
+    }
+    let per_thread = flags & PER_THREAD_DEFAULT_STREAM != 0;
+    let by_rule = match name {
+        b"cuMemAlloc" if version >= 3020 => Sym::MemAlloc,
+        b"cuMemAllocPitch" if version >= 3020 => Sym::MemAllocPitch,
+        b"cuMemFree" if version >= 3020 => Sym::MemFree,
+        b"cuMemGetInfo" if version >= 3020 => Sym::MemGetInfo,
+        b"cuDeviceTotalMem" if version >= 3020 => Sym::DeviceTotalMem,
+        b"cuGetProcAddress" if version >= 12000 => Sym::GetProcAddressV2,
+        b"cuMemAllocManaged" => Sym::MemAllocManaged,
+        b"cuMemCreate" => Sym::MemCreate,
+        b"cuMemRelease" => Sym::MemRelease,
+        b"cuInit" => Sym::Init,
+        b"cuDevicePrimaryCtxRetain" => Sym::PrimaryCtxRetain,
+        b"cuMemAllocAsync" if per_thread => Sym::MemAllocAsyncPtsz,
+        b"cuMemAllocAsync" => Sym::MemAllocAsync,
+        b"cuMemAllocFromPoolAsync" if per_thread => Sym::MemAllocFromPoolAsyncPtsz,
+        b"cuMemAllocFromPoolAsync" => Sym::MemAllocFromPoolAsync,
+        b"cuMemFreeAsync" if per_thread => Sym::MemFreeAsyncPtsz,
+        b"cuMemFreeAsync" => Sym::MemFreeAsync,
+        _ => return None,
+    };
+    // Our hook calls the exported symbol; only hand it out if the driver exports it.
+    real::raw(by_rule)?;
+    hook_address(by_rule)
+}
+
+/// cuGetProcAddress (CUDA 11.3-11.8 form).
+#[no_mangle]
+pub unsafe extern "C" fn cuGetProcAddress(
+    symbol: *const c_char,
+    pfn: *mut *mut c_void,
+    version: c_int,
+    flags: u64,
+) -> CUresult {
+    // SAFETY: GetProcAddress is this symbol's signature; arguments passed unchanged.
+    let Some(real) = (unsafe { real::get::<sig::GetProcAddress>(Sym::GetProcAddress) }) else {
+        return CUDA_ERROR_SHARED_OBJECT_INIT_FAILED;
+    };
+    // SAFETY: the caller's arguments, unchanged.
+    let result = unsafe { real(symbol, pfn, version, flags) };
+    if result == CUDA_SUCCESS && !pfn.is_null() {
+        // SAFETY: pfn is non-null and was written by the successful call.
+        let returned = unsafe { *pfn };
+        if let Ok(Some(hook)) =
+            std::panic::catch_unwind(|| swap_for_hook(symbol, returned, version, flags))
+        {
+            // SAFETY: as above.
+            unsafe { *pfn = hook };
+        }
+    }
+    result
+}
+
+/// cuGetProcAddress_v2 (CUDA 12+ form, with a query-result out-parameter).
+#[no_mangle]
+pub unsafe extern "C" fn cuGetProcAddress_v2(
+    symbol: *const c_char,
+    pfn: *mut *mut c_void,
+    version: c_int,
+    flags: u64,
+    status: *mut c_int,
+) -> CUresult {
+    // SAFETY: GetProcAddressV2 is this symbol's signature.
+    let Some(real) = (unsafe { real::get::<sig::GetProcAddressV2>(Sym::GetProcAddressV2) }) else {
+        return CUDA_ERROR_SHARED_OBJECT_INIT_FAILED;
+    };
+    // SAFETY: the caller's arguments, unchanged.
+    let result = unsafe { real(symbol, pfn, version, flags, status) };
+    if result == CUDA_SUCCESS && !pfn.is_null() {
+        // SAFETY: pfn is non-null and was written by the successful call.
+        let returned = unsafe { *pfn };
+        if let Ok(Some(hook)) =
+            std::panic::catch_unwind(|| swap_for_hook(symbol, returned, version, flags))
+        {
+            // SAFETY: as above.
+            unsafe { *pfn = hook };
+        }
+    }
+    result
+}

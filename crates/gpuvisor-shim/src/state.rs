@@ -1,0 +1,384 @@
+//! Per-process state of the shim: the mapped ledger, this process's slot and group, the
+//! CPU-only decision, the device-ordinal → ledger-index cache, and the free tables.
+//!
+//! Everything is a static atomic: the hot path reads a few of them and takes no lock, so it is
+//! safe after fork() and in a signal handler. Initialisation (open the ledger, read env) is lazy,
+//! on the first CUDA call, so processes that never touch CUDA pay nothing but the constructor.
+
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU32, AtomicU64, Ordering};
+
+use gpuvisor_ledger::{Ledger, SlotId};
+
+use crate::cuda::{sig, CUdevice, CUDA_SUCCESS};
+use crate::real::{self, Sym};
+use crate::sys;
+use crate::table::Table;
+
+const INIT_NONE: u32 = 0;
+const INIT_RUNNING: u32 = 1;
+const INIT_DONE: u32 = 2;
+
+static INIT: AtomicU32 = AtomicU32::new(INIT_NONE);
+static LEDGER: AtomicPtr<Ledger> = AtomicPtr::new(std::ptr::null_mut());
+static GROUP: AtomicU32 = AtomicU32::new(0);
+/// This process's pid, refreshed in the fork child (saves a getpid on slow paths).
+static PID: AtomicI32 = AtomicI32::new(0);
+/// pid of the first process of the tree that loaded the shim (`GPUVISOR_ROOT_PID`).
+static ROOT_PID: AtomicI32 = AtomicI32::new(0);
+/// CPU-only for this process whatever its pid (`GPUVISOR_CPU_ONLY=1` or group policy).
+static CPU_ONLY_SELF: AtomicBool = AtomicBool::new(false);
+/// Descendants of the root are CPU-only (`GPUVISOR_CHILDREN_CPU_ONLY=1` or group policy).
+static CHILDREN_CPU_ONLY: AtomicBool = AtomicBool::new(false);
+/// The decision for this process (recomputed in the fork child).
+static CPU_ONLY: AtomicBool = AtomicBool::new(false);
+static VIOLATION_RECORDED: AtomicBool = AtomicBool::new(false);
+
+const SLOT_NONE: u64 = 0;
+const SLOT_REGISTERING: u64 = 1;
+const SLOT_FAILED: u64 = 2;
+const SLOT_VALID: u64 = 1 << 63;
+/// `SLOT_VALID | index << 32 | group`, or one of the markers above.
+static SLOT: AtomicU64 = AtomicU64::new(SLOT_NONE);
+
+const MAX_ORDINALS: usize = 64;
+const DEVICE_UNKNOWN: i32 = 0;
+const DEVICE_NOT_IN_LEDGER: i32 = -1;
+/// Device ordinal → ledger index + 1 (0 = not looked up yet, -1 = not in the ledger).
+static DEVICE_MAP: [AtomicI32; MAX_ORDINALS] =
+    [const { AtomicI32::new(DEVICE_UNKNOWN) }; MAX_ORDINALS];
+
+/// Device pointer → (size, device): 1M entries (16 MiB of address space, touched on use).
+pub static POINTERS: Table = Table::new(1 << 20);
+/// VMM handle → (size, device).
+pub static HANDLES: Table = Table::new(1 << 18);
+
+/// The ledger, once initialised; None = pass everything through.
+#[inline]
+pub fn ledger() -> Option<&'static Ledger> {
+    if INIT.load(Ordering::Acquire) != INIT_DONE {
+        init();
+    }
+    let p = LEDGER.load(Ordering::Acquire);
+    // SAFETY: a non-null LEDGER was leaked from a Box and is never freed or changed.
+    (!p.is_null()).then(|| unsafe { &*p })
+}
+
+/// Whether this process must be kept off the GPU.
+pub fn cpu_only() -> bool {
+    if INIT.load(Ordering::Acquire) != INIT_DONE {
+        init();
+    }
+    CPU_ONLY.load(Ordering::Relaxed)
+}
+
+/// This process's budget group (`GPUVISOR_GROUP`).
+pub fn group() -> u32 {
+    GROUP.load(Ordering::Relaxed)
+}
+
+/// This process's pid.
+pub fn pid() -> i32 {
+    PID.load(Ordering::Relaxed)
+}
+
+fn env_flag(name: &std::ffi::CStr) -> bool {
+    sys::env_bytes(name).is_some_and(|v| v == b"1" || v.eq_ignore_ascii_case(b"true"))
+}
+
+#[cold]
+fn init() {
+    match INIT.compare_exchange(INIT_NONE, INIT_RUNNING, Ordering::AcqRel, Ordering::Acquire) {
+        Ok(_) => {}
+        Err(INIT_DONE) => return,
+        Err(_) => {
+            // Another thread is initialising (syscalls only, no locks): wait for it, but not
+            // forever — a signal handler interrupting the initialising thread itself must not
+            // deadlock; after the bound this one call passes through.
+            wait_while(|| INIT.load(Ordering::Acquire) == INIT_RUNNING);
+            return;
+        }
+    }
+    // SAFETY: getpid has no preconditions.
+    PID.store(unsafe { sys::getpid() }, Ordering::Relaxed);
+    if ROOT_PID.load(Ordering::Relaxed) == 0 {
+        let root = sys::env_bytes(c"GPUVISOR_ROOT_PID")
+            .and_then(|v| std::str::from_utf8(&v).ok()?.parse().ok())
+            .unwrap_or_else(pid);
+        ROOT_PID.store(root, Ordering::Relaxed);
+    }
+    let mut cpu_only_self = env_flag(c"GPUVISOR_CPU_ONLY");
+    let mut children_cpu_only = env_flag(c"GPUVISOR_CHILDREN_CPU_ONLY");
+    if let Some(path) = sys::env_bytes(c"GPUVISOR_LEDGER").filter(|p| !p.is_empty()) {
+        use std::os::unix::ffi::OsStrExt;
+        let path = std::path::Path::new(std::ffi::OsStr::from_bytes(&path));
+        let group = sys::env_bytes(c"GPUVISOR_GROUP").map(|v| {
+            std::str::from_utf8(&v)
+                .ok()
+                .and_then(|s| s.trim().parse::<u32>().ok())
+        });
+        match (Ledger::open(path), group) {
+            (_, Some(None)) => sys::stderr_line(
+                "GPUVISOR_GROUP is not a number; passing all CUDA calls through unlimited",
+            ),
+            (Err(e), _) => {
+                let first_line = e.to_string();
+                let first_line = first_line.lines().next().unwrap_or("");
+                sys::stderr_line(&format!(
+                    "{first_line}; passing all CUDA calls through unlimited"
+                ));
+            }
+            (Ok(ledger), group) => {
+                let group = group.flatten().unwrap_or(0);
+                if group as usize >= ledger.group_count() {
+                    sys::stderr_line(&format!(
+                        "GPUVISOR_GROUP={group} but the ledger has {} groups; passing all CUDA calls through unlimited",
+                        ledger.group_count()
+                    ));
+                } else if !(POINTERS.map(false) && HANDLES.map(false)) {
+                    sys::stderr_line("cannot map the allocation tables; passing all CUDA calls through unlimited");
+                } else {
+                    let policy = ledger.group_policy(group);
+                    cpu_only_self |= policy.cpu_only;
+                    children_cpu_only |= policy.children_cpu_only;
+                    GROUP.store(group, Ordering::Relaxed);
+                    LEDGER.store(Box::into_raw(Box::new(ledger)), Ordering::Release);
+                }
+            }
+        }
+    }
+    CPU_ONLY_SELF.store(cpu_only_self, Ordering::Relaxed);
+    CHILDREN_CPU_ONLY.store(children_cpu_only, Ordering::Relaxed);
+    decide_cpu_only();
+    INIT.store(INIT_DONE, Ordering::Release);
+}
+
+/// Yields while `busy()` holds, at most ~10k times (milliseconds; registration and
+/// initialisation take microseconds).
+fn wait_while(busy: impl Fn() -> bool) {
+    for _ in 0..10_000 {
+        if !busy() {
+            return;
+        }
+        std::thread::yield_now();
+    }
+}
+
+fn decide_cpu_only() {
+    let is_descendant = pid() != ROOT_PID.load(Ordering::Relaxed);
+    let refused = CPU_ONLY_SELF.load(Ordering::Relaxed)
+        || (CHILDREN_CPU_ONLY.load(Ordering::Relaxed) && is_descendant);
+    CPU_ONLY.store(refused, Ordering::Relaxed);
+}
+
+/// This process's ledger slot, registering on first use (lock-free: a racing thread waits for
+/// the registering one). None if there is no ledger or registration failed.
+#[inline]
+pub fn slot(ledger: &Ledger) -> Option<SlotId> {
+    let s = SLOT.load(Ordering::Acquire);
+    if s & SLOT_VALID != 0 {
+        return Some(SlotId {
+            index: ((s >> 32) & 0x7fff_ffff) as u32,
+            group: s as u32,
+        });
+    }
+    register(ledger)
+}
+
+#[cold]
+fn register(ledger: &Ledger) -> Option<SlotId> {
+    loop {
+        match SLOT.compare_exchange(
+            SLOT_NONE,
+            SLOT_REGISTERING,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        ) {
+            Ok(_) => break,
+            Err(SLOT_FAILED) => return None,
+            Err(SLOT_REGISTERING) => std::thread::yield_now(),
+            Err(s) => {
+                return Some(SlotId {
+                    index: ((s >> 32) & 0x7fff_ffff) as u32,
+                    group: s as u32,
+                })
+            }
+        }
+    }
+    match ledger.register_current_process(GROUP.load(Ordering::Relaxed)) {
+        Ok(id) => {
+            SLOT.store(
+                SLOT_VALID | (id.index as u64) << 32 | id.group as u64,
+                Ordering::Release,
+            );
+            Some(id)
+        }
+        Err(e) => {
+            let text = e.to_string();
+            sys::stderr_line(&format!(
+                "{}; this process's allocations pass through uncounted",
+                text.lines().next().unwrap_or("")
+            ));
+            SLOT.store(SLOT_FAILED, Ordering::Release);
+            None
+        }
+    }
+}
+
+/// Ledger index of device ordinal `device` (cached; the first look-up asks the driver for the
+/// UUID). None if the device is not in the ledger (its allocations are not charged).
+#[inline]
+pub fn ledger_device(ledger: &Ledger, device: CUdevice) -> Option<usize> {
+    let cached = DEVICE_MAP.get(device as usize)?.load(Ordering::Relaxed);
+    match cached {
+        DEVICE_UNKNOWN => lookup_device(ledger, device),
+        DEVICE_NOT_IN_LEDGER => None,
+        index => Some(index as usize - 1),
+    }
+}
+
+#[cold]
+fn lookup_device(ledger: &Ledger, device: CUdevice) -> Option<usize> {
+    let mut uuid = [0u8; 16];
+    let mut ok = false;
+    for sym in [Sym::DeviceGetUuidV2, Sym::DeviceGetUuid] {
+        // SAFETY: DeviceGetUuid is the signature of both symbols; uuid is 16 writable bytes.
+        if let Some(f) = unsafe { real::get::<sig::DeviceGetUuid>(sym) } {
+            if unsafe { f(&mut uuid, device) } == CUDA_SUCCESS {
+                ok = true;
+                break;
+            }
+        }
+    }
+    if !ok {
+        return None; // not cached: the driver may not be initialised yet
+    }
+    let index = ledger.device_index(&uuid);
+    let cached = index.map_or(DEVICE_NOT_IN_LEDGER, |i| i as i32 + 1);
+    DEVICE_MAP[device as usize].store(cached, Ordering::Relaxed);
+    index
+}
+
+/// Devices the driver shows this process (0 = not known yet). Fixed for the life of the
+/// process (CUDA_VISIBLE_DEVICES is read once, at cuInit).
+static DEVICE_COUNT: AtomicI32 = AtomicI32::new(0);
+
+/// Ledger index of the current context's device.
+///
+/// With a single visible device (the usual case: gpuvisor gives each process its GPUs through
+/// CUDA_VISIBLE_DEVICES) that is device 0 and no driver call is needed; otherwise the driver is
+/// asked (`cuCtxGetDevice`).
+#[inline]
+pub fn current_device(ledger: &Ledger) -> Option<usize> {
+    match DEVICE_COUNT.load(Ordering::Relaxed) {
+        1 => return ledger_device(ledger, 0),
+        0 => count_devices(),
+        _ => {}
+    }
+    // SAFETY: CtxGetDevice is the signature of cuCtxGetDevice.
+    let get = unsafe { real::get::<sig::CtxGetDevice>(Sym::CtxGetDevice) }?;
+    let mut device: CUdevice = -1;
+    // SAFETY: device is a valid out-pointer.
+    if unsafe { get(&mut device) } != CUDA_SUCCESS {
+        return None;
+    }
+    ledger_device(ledger, device)
+}
+
+#[cold]
+fn count_devices() {
+    // SAFETY: DeviceGetCount is the signature of cuDeviceGetCount.
+    if let Some(get) = unsafe { real::get::<sig::DeviceGetCount>(Sym::DeviceGetCount) } {
+        let mut count = 0;
+        // SAFETY: count is a valid out-pointer. Fails (and is retried later) before cuInit.
+        if unsafe { get(&mut count) } == CUDA_SUCCESS && count > 0 {
+            DEVICE_COUNT.store(count, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Records (once per process) that this CPU-only process tried to use CUDA.
+#[cold]
+pub fn record_violation() {
+    if VIOLATION_RECORDED.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    let Some(ledger) = ledger() else { return };
+    let slot = slot(ledger);
+    let mut exe = [0u8; 256];
+    // SAFETY: a NUL-terminated path and a buffer of exe.len() bytes.
+    let n = unsafe {
+        sys::readlink(
+            c"/proc/self/exe".as_ptr(),
+            exe.as_mut_ptr() as *mut _,
+            exe.len(),
+        )
+    };
+    let exe = &exe[..n.max(0) as usize];
+    ledger.record_cpu_only_violation(slot, GROUP.load(Ordering::Relaxed), pid(), exe);
+}
+
+/// Constructor (`.init_array`): make the first process of the tree the root for
+/// children-CPU-only, and register the fork handler. Runs while the process is single-threaded.
+extern "C" fn on_load() {
+    // SAFETY: getpid has no preconditions.
+    let pid = unsafe { sys::getpid() };
+    let mut buf = [0u8; 16];
+    let text = format_pid(pid, &mut buf);
+    // SAFETY: NUL-terminated strings; overwrite = 0 keeps an inherited root; the process is
+    // single-threaded while constructors run, so setenv cannot race a getenv.
+    unsafe {
+        sys::setenv(c"GPUVISOR_ROOT_PID".as_ptr(), text.as_ptr() as *const _, 0);
+        sys::pthread_atfork(None, None, Some(after_fork_in_child));
+    }
+}
+
+fn format_pid(pid: i32, buf: &mut [u8; 16]) -> &[u8] {
+    let mut digits = [0u8; 12];
+    let mut n = pid.unsigned_abs();
+    let mut len = 0;
+    loop {
+        digits[len] = b'0' + (n % 10) as u8;
+        len += 1;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    for i in 0..len {
+        buf[i] = digits[len - 1 - i];
+    }
+    buf[len] = 0;
+    &buf[..=len]
+}
+
+#[used]
+#[link_section = ".init_array"]
+static ON_LOAD: extern "C" fn() = on_load;
+
+/// pthread_atfork child handler: the child is a new process with one thread. Reset what is
+/// per-process (pid, slot, violation flag, tables) with plain stores and mmap: no locks.
+extern "C" fn after_fork_in_child() {
+    // SAFETY: getpid is async-signal-safe.
+    PID.store(unsafe { sys::getpid() }, Ordering::Relaxed);
+    SLOT.store(SLOT_NONE, Ordering::Relaxed);
+    VIOLATION_RECORDED.store(false, Ordering::Relaxed);
+    if INIT.load(Ordering::Relaxed) == INIT_RUNNING {
+        // The initialising thread did not survive the fork; start over.
+        INIT.store(INIT_NONE, Ordering::Relaxed);
+    }
+    decide_cpu_only();
+    POINTERS.map(true);
+    HANDLES.map(true);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn formats_pids() {
+        let mut buf = [0u8; 16];
+        assert_eq!(format_pid(0, &mut buf), b"0\0");
+        assert_eq!(format_pid(4194304, &mut buf), b"4194304\0");
+    }
+}

@@ -1,0 +1,597 @@
+//! The built shim (`libgpuvisor_shim.so`) preloaded into a small C client over a small C fake
+//! driver (tests/c/), through the three ways programs reach the driver. End-to-end tests over
+//! the project's simulator live with `gpuvisor exec`; these pin the shim's own behaviour.
+
+use gpuvisor_ledger::{DeviceInfo, EventKind, GroupConfig, Ledger, NO_LIMIT};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+
+const GIB: u64 = 1 << 30;
+const MIB: u64 = 1 << 20;
+const MODES: [&str; 3] = ["linked", "dlsym", "procaddr"];
+
+struct Fixture {
+    fake_dir: PathBuf,
+    client: PathBuf,
+    bench: PathBuf,
+    shim: PathBuf,
+}
+
+/// Compiles the fake driver and the client once (needs a C compiler, `cc`).
+fn fixture() -> &'static Fixture {
+    static FIXTURE: OnceLock<Fixture> = OnceLock::new();
+    FIXTURE.get_or_init(|| {
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c");
+        // Inside target/tmp (cargo provides it to integration tests), not the system temp dir.
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("shim-fixture-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let cc = |args: &[&str]| {
+            let out = Command::new("cc")
+                .args(args)
+                .output()
+                .expect("a C compiler (cc) is needed");
+            assert!(
+                out.status.success(),
+                "cc {args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        };
+        let lib = dir.join("libcuda.so.1");
+        cc(&[
+            "-O2",
+            "-shared",
+            "-fPIC",
+            "-Wl,-soname,libcuda.so.1",
+            "-o",
+            lib.to_str().unwrap(),
+            src.join("fake_cuda.c").to_str().unwrap(),
+        ]);
+        let client = dir.join("client");
+        cc(&[
+            "-O2",
+            "-o",
+            client.to_str().unwrap(),
+            src.join("client.c").to_str().unwrap(),
+            &format!("-L{}", dir.display()),
+            "-l:libcuda.so.1",
+            "-ldl",
+        ]);
+        let bench = dir.join("alloc_free");
+        cc(&[
+            "-O2",
+            "-pthread",
+            "-o",
+            bench.to_str().unwrap(),
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("benches/alloc_free.c")
+                .to_str()
+                .unwrap(),
+            &format!("-L{}", dir.display()),
+            "-l:libcuda.so.1",
+        ]);
+        // Build the shim the way the CLI's build script does, with plain rustc: this also
+        // checks that it needs no cargo (and `cargo test` does not rebuild a cdylib for its
+        // integration tests, so target/*/libgpuvisor_shim.so could be stale).
+        let crates = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+        let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
+        let rustc_run = |args: &[&str]| {
+            let out = Command::new(&rustc).args(args).output().expect("rustc");
+            assert!(
+                out.status.success(),
+                "rustc {args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        };
+        let dir_str = dir.to_str().unwrap();
+        rustc_run(&[
+            "--edition",
+            "2021",
+            "--crate-type",
+            "rlib",
+            "--crate-name",
+            "gpuvisor_ledger",
+            "--out-dir",
+            dir_str,
+            crates.join("gpuvisor-ledger/src/lib.rs").to_str().unwrap(),
+        ]);
+        let extern_ledger = format!(
+            "gpuvisor_ledger={}",
+            dir.join("libgpuvisor_ledger.rlib").display()
+        );
+        rustc_run(&[
+            "--edition",
+            "2021",
+            "--crate-type",
+            "cdylib",
+            "--crate-name",
+            "gpuvisor_shim",
+            "--extern",
+            &extern_ledger,
+            "--out-dir",
+            dir_str,
+            crates.join("gpuvisor-shim/src/lib.rs").to_str().unwrap(),
+        ]);
+        let shim = dir.join("libgpuvisor_shim.so");
+        assert!(shim.exists(), "{} not built", shim.display());
+        Fixture {
+            fake_dir: dir,
+            client,
+            bench,
+            shim,
+        }
+    })
+}
+
+struct TempLedger(PathBuf);
+
+impl Drop for TempLedger {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+fn uuid(i: usize) -> String {
+    format!("GPU-5111a7ed-0000-4000-8000-{i:012x}")
+}
+
+/// A ledger describing fake device 0 only (device 1 is deliberately not in it).
+fn ledger(tag: &str, groups: &[GroupConfig]) -> (TempLedger, Ledger) {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static N: AtomicU32 = AtomicU32::new(0);
+    let dir = if Path::new("/dev/shm").is_dir() {
+        PathBuf::from("/dev/shm")
+    } else {
+        std::env::temp_dir()
+    };
+    let path = dir.join(format!(
+        "gpuvisor-shimtest-{tag}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    let devices = [DeviceInfo {
+        uuid: uuid(0),
+        total_bytes: 80 * GIB,
+    }];
+    let ledger = Ledger::create(&path, &devices, groups).unwrap();
+    (TempLedger(path), ledger)
+}
+
+fn group(limit: u64, per_process: u64) -> GroupConfig {
+    GroupConfig {
+        limit_bytes: vec![limit],
+        per_process_limit_bytes: vec![per_process],
+        ..GroupConfig::unlimited("g")
+    }
+}
+
+fn run(mode: &str, ledger: Option<&Path>, env: &[(&str, &str)], script: &str) -> Output {
+    let f = fixture();
+    let mut cmd = Command::new(&f.client);
+    cmd.arg(mode)
+        .args(script.split_whitespace())
+        .env("LD_LIBRARY_PATH", &f.fake_dir)
+        .env("LD_PRELOAD", &f.shim)
+        .env_remove("GPUVISOR_LEDGER")
+        .env_remove("GPUVISOR_ROOT_PID")
+        .env_remove("GPUVISOR_CPU_ONLY")
+        .env_remove("GPUVISOR_CHILDREN_CPU_ONLY");
+    if let Some(path) = ledger {
+        cmd.env("GPUVISOR_LEDGER", path).env("GPUVISOR_GROUP", "0");
+    }
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().unwrap()
+}
+
+fn stdout(out: &Output) -> Vec<String> {
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn budget_is_enforced_on_every_path() {
+    for mode in MODES {
+        let (path, ledger) = ledger("paths", &[group(GIB, NO_LIMIT)]);
+        let script = format!(
+            "init ctx 0 info alloc {a} alloc {a} info pitch 1000 1000 managed {m} async {m} pool {m} create 0 {m} \
+             info alloc {big} free-all info",
+            a = 600 * MIB,
+            m = 100 * MIB,
+            big = 2 * GIB
+        );
+        let out = run(mode, Some(&path.0), &[], &script);
+        let lines = stdout(&out);
+        let pitch_bytes = 1024 * 1000;
+        let after = GIB - 600 * MIB - pitch_bytes - 4 * 100 * MIB;
+        let expected = vec![
+            "init rc=0".to_string(),
+            "ctx rc=0".into(),
+            format!("info rc=0 free={GIB} total={GIB}"),
+            "alloc rc=0".into(),
+            "alloc rc=2".into(),
+            format!("info rc=0 free={} total={GIB}", GIB - 600 * MIB),
+            "pitch rc=0 pitch=1024".into(),
+            "managed rc=0".into(),
+            "async rc=0".into(),
+            "pool rc=0".into(),
+            "create rc=0".into(),
+            format!("info rc=0 free={after} total={GIB}"),
+            "alloc rc=2".into(),
+            "free-all rc=0".into(),
+            format!("info rc=0 free={GIB} total={GIB}"),
+        ];
+        assert_eq!(
+            lines,
+            expected,
+            "mode {mode}, stderr: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            out.stderr.is_empty(),
+            "no output from the shim: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let snap = ledger.snapshot();
+        assert_eq!(
+            snap.groups[0].used_bytes,
+            vec![0],
+            "mode {mode}: every free returned its charge"
+        );
+        assert_eq!(snap.processes.len(), 1);
+        assert_eq!(snap.processes[0].contexts, 1);
+        let denied: Vec<u64> = snap
+            .events
+            .iter()
+            .map(|e| match e.kind {
+                EventKind::AllocationDenied { size_bytes, .. } => size_bytes,
+                _ => panic!("unexpected {e:?}"),
+            })
+            .collect();
+        assert_eq!(denied, vec![600 * MIB, 2 * GIB], "mode {mode}");
+    }
+}
+
+#[test]
+fn get_proc_address_pointers_the_shim_does_not_recognise_are_still_hooked() {
+    let (path, ledger) = ledger("internal", &[group(GIB, NO_LIMIT)]);
+    let script = format!(
+        "init ctx 0 info alloc {a} alloc {a} free-all info",
+        a = 600 * MIB
+    );
+    let out = run(
+        "procaddr",
+        Some(&path.0),
+        &[("FAKE_INTERNAL_ENTRY_POINTS", "1")],
+        &script,
+    );
+    assert_eq!(
+        stdout(&out),
+        vec![
+            "init rc=0".to_string(),
+            "ctx rc=0".into(),
+            format!("info rc=0 free={GIB} total={GIB}"),
+            "alloc rc=0".into(),
+            "alloc rc=2".into(),
+            "free-all rc=0".into(),
+            format!("info rc=0 free={GIB} total={GIB}"),
+        ]
+    );
+    assert_eq!(ledger.snapshot().groups[0].peak_bytes[0], 600 * MIB);
+}
+
+#[test]
+fn single_visible_device_is_charged_without_asking_the_driver_each_time() {
+    let (path, ledger) = ledger("single", &[group(GIB, NO_LIMIT)]);
+    let script = format!(
+        "init ctx 0 alloc {a} alloc {a} info free-all",
+        a = 600 * MIB
+    );
+    let out = run("dlsym", Some(&path.0), &[("FAKE_DEVICES", "1")], &script);
+    assert_eq!(
+        stdout(&out),
+        vec![
+            "init rc=0".to_string(),
+            "ctx rc=0".into(),
+            "alloc rc=0".into(),
+            "alloc rc=2".into(),
+            format!("info rc=0 free={} total={GIB}", GIB - 600 * MIB),
+            "free-all rc=0".into(),
+        ]
+    );
+    assert_eq!(ledger.snapshot().groups[0].used_bytes[0], 0);
+}
+
+#[test]
+fn per_process_view_and_devices_outside_the_ledger() {
+    let (path, _ledger) = ledger("view", &[group(NO_LIMIT, 12 * GIB)]);
+    let out = run(
+        "procaddr",
+        Some(&path.0),
+        &[],
+        "init ctx 0 info total 0 total 1 ctx 1 info alloc 85899345920",
+    );
+    assert_eq!(
+        stdout(&out),
+        vec![
+            "init rc=0".to_string(),
+            "ctx rc=0".into(),
+            format!("info rc=0 free={} total={}", 12 * GIB, 12 * GIB),
+            format!("total rc=0 {}", 12 * GIB),
+            format!("total rc=0 {}", 80 * GIB),
+            "ctx rc=0".into(),
+            format!("info rc=0 free={} total={}", 80 * GIB, 80 * GIB),
+            "alloc rc=0".into(), // device 1 is not budgeted: passes through
+        ]
+    );
+}
+
+#[test]
+fn cpu_only_process_is_refused_and_recorded() {
+    for mode in MODES {
+        let (path, ledger) = ledger("cpu", &[group(GIB, NO_LIMIT)]);
+        let out = run(
+            mode,
+            Some(&path.0),
+            &[("GPUVISOR_CPU_ONLY", "1")],
+            "init newctx 0 ctx 0",
+        );
+        assert_eq!(
+            stdout(&out),
+            vec!["init rc=100", "newctx rc=100", "ctx rc=100"],
+            "mode {mode}"
+        );
+        let snap = ledger.snapshot();
+        assert_eq!(snap.events.len(), 1, "recorded once per process");
+        match &snap.events[0].kind {
+            EventKind::CpuOnlyViolation { executable } => {
+                assert!(executable.ends_with("/client"), "{executable}")
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+        assert!(snap.processes[0].cpu_only_violation);
+    }
+    // Without a ledger the flag still holds.
+    let out = run("linked", None, &[("GPUVISOR_CPU_ONLY", "1")], "init");
+    assert_eq!(stdout(&out), vec!["init rc=100"]);
+}
+
+#[test]
+fn children_of_the_root_are_cpu_only_and_forks_take_their_own_slot() {
+    let mut policy = group(4 * GIB, NO_LIMIT);
+    policy.children_cpu_only = true;
+    let (path, ledger) = ledger("children", &[policy, group(4 * GIB, NO_LIMIT)]);
+    let out = run(
+        "linked",
+        Some(&path.0),
+        &[],
+        &format!("init ctx 0 alloc {GIB} fork init ctx 0"),
+    );
+    let lines = stdout(&out);
+    assert_eq!(
+        lines,
+        vec![
+            "init rc=0",
+            "ctx rc=0",
+            "alloc rc=0",
+            "init rc=100",
+            "ctx rc=100",
+            "child exit=0"
+        ]
+    );
+    let snap = ledger.snapshot();
+    let violators: Vec<i32> = snap
+        .processes
+        .iter()
+        .filter(|p| p.cpu_only_violation)
+        .map(|p| p.pid)
+        .collect();
+    assert_eq!(violators.len(), 1);
+    assert_eq!(snap.events.len(), 1);
+    assert_eq!(snap.events[0].pid, violators[0]);
+
+    // A fork of an ordinary process charges its own slot, not its parent's.
+    let out = Command::new(&fixture().client)
+        .args([
+            "linked",
+            "init",
+            "ctx",
+            "0",
+            "alloc",
+            &GIB.to_string(),
+            "fork",
+            "alloc",
+            &(2 * GIB).to_string(),
+        ])
+        .env("LD_LIBRARY_PATH", &fixture().fake_dir)
+        .env("LD_PRELOAD", &fixture().shim)
+        .env("GPUVISOR_LEDGER", &path.0)
+        .env("GPUVISOR_GROUP", "1")
+        .env_remove("GPUVISOR_ROOT_PID")
+        .output()
+        .unwrap();
+    assert_eq!(
+        stdout(&out),
+        vec![
+            "init rc=0",
+            "ctx rc=0",
+            "alloc rc=0",
+            "alloc rc=0",
+            "child exit=0"
+        ]
+    );
+    let snap = ledger.snapshot();
+    let mut used: Vec<u64> = snap
+        .processes
+        .iter()
+        .filter(|p| p.group == 1)
+        .map(|p| p.used_bytes[0])
+        .collect();
+    used.sort();
+    assert_eq!(used, vec![GIB, 2 * GIB]);
+    assert_eq!(snap.groups[1].used_bytes[0], 3 * GIB);
+    // Both have exited: reclaiming returns everything.
+    ledger.reclaim_dead();
+    assert_eq!(ledger.snapshot().groups[1].used_bytes[0], 0);
+}
+
+#[test]
+fn corrupt_ledger_means_one_line_and_pass_through() {
+    let path =
+        TempLedger(std::env::temp_dir().join(format!("gpuvisor-corrupt-{}", std::process::id())));
+    std::fs::write(&path.0, b"not a ledger at all").unwrap();
+    let out = run(
+        "dlsym",
+        Some(&path.0),
+        &[],
+        &format!("init ctx 0 alloc {} info", 100 * GIB),
+    );
+    let lines = stdout(&out);
+    assert_eq!(lines[..3], ["init rc=0", "ctx rc=0", "alloc rc=0"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.starts_with("gpuvisor-shim: ") && stderr.contains("passing all CUDA calls through"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn without_a_ledger_everything_passes_through_silently() {
+    let out = run(
+        "procaddr",
+        None,
+        &[],
+        &format!("init ctx 0 alloc {} info free-all", 100 * GIB),
+    );
+    assert_eq!(stdout(&out)[..3], ["init rc=0", "ctx rc=0", "alloc rc=0"]);
+    assert!(out.stderr.is_empty());
+}
+
+#[test]
+fn many_processes_register_quickly() {
+    let processes = 256;
+    let (path, ledger) = ledger("many", &[group(NO_LIMIT, NO_LIMIT)]);
+    let f = fixture();
+    let start = std::time::Instant::now();
+    let children: Vec<_> = (0..processes)
+        .map(|_| {
+            Command::new(&f.client)
+                .args(["linked", "init", "ctx", "0", "alloc", "1048576"])
+                .env("LD_LIBRARY_PATH", &f.fake_dir)
+                .env("LD_PRELOAD", &f.shim)
+                .env("GPUVISOR_LEDGER", &path.0)
+                .env("GPUVISOR_GROUP", "0")
+                .stdout(std::process::Stdio::null())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for mut c in children {
+        assert!(c.wait().unwrap().success());
+    }
+    let elapsed = start.elapsed();
+    let snap = ledger.snapshot();
+    assert_eq!(snap.processes.len(), processes);
+    assert_eq!(snap.groups[0].used_bytes[0], processes as u64 * MIB);
+    eprintln!("{processes} processes started, registered, allocated and exited in {elapsed:?}");
+    // Process creation dominates; registration itself is one /proc/self/stat read and a CAS.
+    assert!(elapsed < std::time::Duration::from_secs(20), "{elapsed:?}");
+    assert_eq!(ledger.reclaim_dead().len(), processes);
+}
+
+#[test]
+fn frees_return_exact_sizes_under_many_threads() {
+    let (path, ledger) = ledger("threads", &[group(GIB, NO_LIMIT)]);
+    let f = fixture();
+    // 8 threads, each alloc+free of 1 MiB 20000 times, all through the shim.
+    let out = Command::new(&f.bench)
+        .args(["8", "20000", &MIB.to_string()])
+        .env("LD_LIBRARY_PATH", &f.fake_dir)
+        .env("LD_PRELOAD", &f.shim)
+        .env("GPUVISOR_LEDGER", &path.0)
+        .env("GPUVISOR_GROUP", "0")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let snap = ledger.snapshot();
+    assert_eq!(
+        snap.groups[0].used_bytes[0], 0,
+        "every free returned exactly its charge"
+    );
+    let peak = snap.groups[0].peak_bytes[0];
+    assert!(
+        (MIB..=8 * MIB).contains(&peak),
+        "peak {peak}: at most one live allocation per thread"
+    );
+    assert_eq!(snap.processes[0].used_bytes[0], 0);
+    assert_eq!(snap.untracked_allocations, 0);
+    assert_eq!(snap.underflow_repairs, 0);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn dlsym_rtld_next_still_means_next_after_the_caller() {
+    let f = fixture();
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/rtld_next.c");
+    let src = src.to_str().unwrap();
+    let dir = f.fake_dir.to_str().unwrap();
+    let cc = |args: &[&str]| {
+        let out = Command::new("cc").args(args).output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    cc(&[
+        "-shared",
+        "-fPIC",
+        "-DLIB_A",
+        "-o",
+        &format!("{dir}/libnext_a.so"),
+        src,
+        "-ldl",
+    ]);
+    cc(&[
+        "-shared",
+        "-fPIC",
+        "-DLIB_B",
+        "-o",
+        &format!("{dir}/libnext_b.so"),
+        src,
+    ]);
+    let exe = format!("{dir}/rtld_next");
+    cc(&[
+        "-DMAIN",
+        "-o",
+        &exe,
+        src,
+        // Keep libnext_b although main does not reference it.
+        "-Wl,--no-as-needed",
+        &format!("-L{dir}"),
+        "-lnext_a",
+        "-lnext_b",
+        &format!("-Wl,-rpath,{dir}"),
+        "-ldl",
+    ]);
+    let out = Command::new(&exe)
+        .env("LD_PRELOAD", &f.shim)
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "next=42");
+    let out = Command::new(&exe).output().unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "next=42",
+        "without the shim"
+    );
+}
