@@ -1,8 +1,8 @@
 //! One module per command; [`run`] dispatches.
 
 mod doctor;
-mod explain;
 mod exec;
+mod explain;
 mod gpus;
 mod plan;
 

@@ -273,7 +273,7 @@ fn relevant_env() -> Vec<(String, String)> {
 /// Runs the probe script with a time limit.
 pub fn probe_python(interpreter: &str, timeout: Duration) -> Python {
     let spawned = Command::new(interpreter)
-        .args(["-I", "-c", PYTHON_PROBE])
+        .args(["-c", PYTHON_PROBE])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -373,6 +373,66 @@ mod tests {
             Python::Found(info) => {
                 assert_eq!(info.packages["torch"], "2.5.1");
                 assert_eq!(info.torch_cuda.as_deref(), Some("12.4"));
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// The real probe script under the real python3, against fake torch and jax installs
+    /// (metadata and version.py only: nothing is imported).
+    #[test]
+    fn the_probe_script_reads_versions_without_importing() {
+        if Command::new("python3").arg("-V").output().is_err() {
+            eprintln!("skipped: no python3");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let site = dir.path().join("site");
+        let write = |path: &str, text: &str| {
+            let path = site.join(path);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, text).unwrap();
+        };
+        // Importing this torch would fail loudly: the probe must not import it.
+        write("torch/__init__.py", "raise RuntimeError('imported')\n");
+        write(
+            "torch/version.py",
+            "from typing import Optional\n__version__ = '2.5.1'\ncuda: Optional[str] = '12.4'\n",
+        );
+        write(
+            "torch-2.5.1.dist-info/METADATA",
+            "Metadata-Version: 2.1\nName: torch\nVersion: 2.5.1\n",
+        );
+        write(
+            "jax_cuda12_plugin-0.4.35.dist-info/METADATA",
+            "Metadata-Version: 2.1\nName: jax-cuda12-plugin\nVersion: 0.4.35\n",
+        );
+        let wrapper = dir.path().join("python3");
+        std::fs::write(
+            &wrapper,
+            format!(
+                "#!/bin/sh\nPYTHONPATH={} exec python3 \"$@\"\n",
+                site.display()
+            ),
+        )
+        .unwrap();
+        std::fs::set_permissions(
+            &wrapper,
+            std::os::unix::fs::PermissionsExt::from_mode(0o755),
+        )
+        .unwrap();
+        match probe_python(wrapper.to_str().unwrap(), Duration::from_secs(20)) {
+            Python::Found(info) => {
+                assert_eq!(
+                    info.packages.get("torch").map(String::as_str),
+                    Some("2.5.1")
+                );
+                assert_eq!(info.torch_cuda.as_deref(), Some("12.4"));
+                assert_eq!(
+                    info.packages.get("jax-cuda12-plugin").map(String::as_str),
+                    Some("0.4.35")
+                );
+                assert_eq!(info.tensorflow_cuda, None);
             }
             other => panic!("{other:?}"),
         }
