@@ -11,9 +11,8 @@
 use std::collections::VecDeque;
 use std::io::{self, Read};
 
-use std::collections::HashMap;
-
-use regex::bytes::{Regex, RegexBuilder};
+use aho_corasick::{AhoCorasick, AhoCorasickKind, Input, MatchKind};
+use regex::bytes::Regex;
 
 use super::literal::{fingerprints, required_literal};
 use super::rules::{Combine, Rule};
@@ -53,6 +52,8 @@ pub struct PatternRef {
     pub role: Role,
     /// The pattern itself.
     regex: Regex,
+    /// The literal every match contains.
+    literal: memchr::memmem::Finder<'static>,
     /// For figures: how repeated captures combine.
     combine: Option<Combine>,
 }
@@ -60,13 +61,10 @@ pub struct PatternRef {
 /// All rules compiled for matching.
 #[derive(Debug)]
 pub struct Compiled {
-    /// Finds any fingerprint (see [`fingerprints`]); longest alternatives first.
-    prefilter: Regex,
-    /// Fingerprint text -> its id (index into `fingerprints`).
-    id_of: HashMap<Vec<u8>, usize>,
-    /// Per fingerprint id: the ids of the fingerprints it contains (itself included), which
-    /// are present wherever it is.
-    contained: Vec<Vec<usize>>,
+    /// Finds a line holding a fingerprint (see [`fingerprints`]).
+    prefilter: AhoCorasick,
+    /// Lists the fingerprints a line holds; pattern ids index `fingerprints`.
+    in_line: AhoCorasick,
     /// Per fingerprint id: the patterns (set indices) that require it.
     patterns_of: Vec<Vec<usize>>,
     /// Per set index.
@@ -115,46 +113,40 @@ impl Compiled {
         for (source, role, combine, rule) in sources {
             let literal = required_literal(source)
                 .ok_or_else(|| CompileError(format!("pattern `{source}` has no literal")))?;
-            literals.push(literal.text);
             patterns.push(PatternRef {
                 rule,
                 role,
+                literal: memchr::memmem::Finder::new(literal.text.as_bytes()).into_owned(),
                 regex: Regex::new(source).map_err(|e| CompileError(e.to_string()))?,
                 combine,
             });
+            literals.push(literal.text);
         }
         let per_pattern = fingerprints(&literals);
         let mut distinct = per_pattern.clone();
-        // Longest first: at one position the search reports the first alternative, and every
-        // shorter fingerprint starting there is a substring of it (see `contained`).
-        distinct.sort_by(|a, b| b.len().cmp(&a.len()).then(a.cmp(b)));
+        distinct.sort();
         distinct.dedup();
-        let id_of: HashMap<Vec<u8>, usize> = distinct
-            .iter()
-            .enumerate()
-            .map(|(id, text)| (text.as_bytes().to_vec(), id))
-            .collect();
         let mut patterns_of = vec![Vec::new(); distinct.len()];
         for (index, fingerprint) in per_pattern.iter().enumerate() {
-            patterns_of[id_of[fingerprint.as_bytes()]].push(index);
+            let id = distinct
+                .binary_search(fingerprint)
+                .expect("every fingerprint is listed");
+            patterns_of[id].push(index);
         }
-        let contained = distinct
-            .iter()
-            .map(|outer| {
-                (0..distinct.len())
-                    .filter(|&id| outer.contains(distinct[id].as_str()))
-                    .collect()
-            })
-            .collect();
-        let alternation: Vec<String> = distinct.iter().map(|text| regex::escape(text)).collect();
-        let prefilter = RegexBuilder::new(&alternation.join("|"))
-            .size_limit(64 << 20)
-            .build()
+        // Leftmost-first for the block search, so it runs on the SIMD (Teddy) searcher;
+        // standard semantics for a line, whose overlapping search reports every fingerprint.
+        let prefilter = AhoCorasick::builder()
+            .match_kind(MatchKind::LeftmostFirst)
+            .build(&distinct)
+            .map_err(|e| CompileError(e.to_string()))?;
+        let in_line = AhoCorasick::builder()
+            .match_kind(MatchKind::Standard)
+            .kind(Some(AhoCorasickKind::DFA))
+            .build(&distinct)
             .map_err(|e| CompileError(e.to_string()))?;
         Ok(Compiled {
             prefilter,
-            id_of,
-            contained,
+            in_line,
             patterns_of,
             patterns,
             fingerprints: distinct,
@@ -283,7 +275,7 @@ impl<'a> Scan<'a> {
                 return Ok(());
             }
             filled += read;
-            match buffer[..filled].iter().rposition(|&b| b == b'\n') {
+            match memchr::memrchr(b'\n', &buffer[..filled]) {
                 Some(last) => {
                     self.block(&buffer[..=last]);
                     buffer.copy_within(last + 1..filled, 0);
@@ -314,16 +306,16 @@ impl<'a> Scan<'a> {
         let mut counted = 0;
         let mut newlines = self.newlines;
         while position < block.len() {
-            let Some(found) = self.compiled.prefilter.find_at(block, position) else {
+            let Some(found) = self
+                .compiled
+                .prefilter
+                .find(Input::new(block).span(position..block.len()))
+            else {
                 break;
             };
-            let start = block[position..found.start()]
-                .iter()
-                .rposition(|&b| b == b'\n')
+            let start = memchr::memrchr(b'\n', &block[position..found.start()])
                 .map_or(position, |i| position + i + 1);
-            let end = block[found.start()..]
-                .iter()
-                .position(|&b| b == b'\n')
+            let end = memchr::memchr(b'\n', &block[found.start()..])
                 .map_or(block.len(), |i| found.start() + i);
             newlines += count_newlines(&block[counted..start]);
             counted = start;
@@ -340,15 +332,8 @@ impl<'a> Scan<'a> {
         let compiled = self.compiled;
         self.present.clear();
         self.present.resize(compiled.fingerprints.len(), false);
-        let mut at = 0;
-        while let Some(found) = compiled.prefilter.find_at(line, at) {
-            if let Some(&id) = compiled.id_of.get(found.as_bytes()) {
-                for &inner in &compiled.contained[id] {
-                    self.present[inner] = true;
-                }
-            }
-            // From the next byte, not the match's end: fingerprints may overlap.
-            at = found.start() + 1;
+        for found in compiled.in_line.find_overlapping_iter(line) {
+            self.present[found.pattern().as_usize()] = true;
         }
         let mut text = None;
         for id in 0..self.present.len() {
@@ -359,7 +344,12 @@ impl<'a> Scan<'a> {
                 let pattern = &compiled.patterns[index];
                 let saturated = !matches!(pattern.role, Role::Anchor | Role::Figure(_))
                     && self.hits[index].count >= FIRST_HITS as u64;
-                if saturated || !pattern.regex.is_match(line) {
+                // The pattern's own literal first: far cheaper than the regex, and most
+                // lines sharing a common fingerprint ("CUDA") lack it.
+                if saturated
+                    || pattern.literal.find(line).is_none()
+                    || !pattern.regex.is_match(line)
+                {
                     continue;
                 }
                 let text = text.get_or_insert_with(|| line_text(line));
