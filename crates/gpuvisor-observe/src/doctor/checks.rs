@@ -323,6 +323,8 @@ fn check_torch(info: &PythonInfo, driver: Option<(u32, u32)>) -> Option<Finding>
             driver,
             true,
         ),
+        None if info.torch_hip.is_some() => Finding::new("torch", Status::Fail, format!("torch {version} is a ROCm (AMD) build: it cannot use NVIDIA GPUs"))
+            .with_fix("install a CUDA build: pip install torch --index-url https://download.pytorch.org/whl/cu124 (pick the CUDA version the driver supports)"),
         None => Finding::new("torch", Status::Warn, format!("torch {version} is a CPU-only build (torch.version.cuda is None)"))
             .with_fix("install a CUDA build: pip install torch --index-url https://download.pytorch.org/whl/cu124 (pick the CUDA version the driver supports)"),
     })

@@ -148,6 +148,9 @@ pub struct PythonInfo {
     /// build or no torch.
     #[serde(default)]
     pub torch_cuda: Option<String>,
+    /// torch.version.hip: set for ROCm builds.
+    #[serde(default)]
+    pub torch_hip: Option<String>,
     /// tensorflow's build_info cuda_version, read without importing it.
     #[serde(default)]
     pub tensorflow_cuda: Option<String>,

@@ -54,8 +54,11 @@ def package_file(package, *parts):
             return f.read()
     except OSError:
         return ""
-m = re.search(r"^cuda\b[^=\n]*=\s*['\"]([^'\"]+)['\"]", package_file("torch", "version.py"), re.M)
+torch_version = package_file("torch", "version.py")
+m = re.search(r"^cuda\b[^=\n]*=\s*['\"]([^'\"]+)['\"]", torch_version, re.M)
 out["torch_cuda"] = m.group(1) if m else None
+m = re.search(r"^hip\b[^=\n]*=\s*['\"]([^'\"]+)['\"]", torch_version, re.M)
+out["torch_hip"] = m.group(1) if m else None
 m = re.search(r"['\"]cuda_version['\"]\s*:\s*['\"]([^'\"]+)['\"]",
               package_file("tensorflow", "python", "platform", "build_info.py"))
 out["tensorflow_cuda"] = m.group(1) if m else None

@@ -19,6 +19,7 @@ fn python(packages: &[(&str, &str)], torch_cuda: Option<&str>) -> Python {
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect::<BTreeMap<_, _>>(),
         torch_cuda: torch_cuda.map(str::to_string),
+        torch_hip: None,
         tensorflow_cuda: None,
     })
 }
