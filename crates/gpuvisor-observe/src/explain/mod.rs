@@ -195,8 +195,12 @@ impl KnowledgeBase {
             evidence.extend(scan.hits[set_index].hits());
         }
         let supporting: Vec<usize> = found(Role::Supporting).collect();
+        // Supporting lines are context ("NCCL INFO ..."): one each, and only while the
+        // evidence is short.
         for &set_index in &supporting {
-            evidence.extend(scan.hits[set_index].first.iter().take(2));
+            if evidence.len() < 4 {
+                evidence.extend(scan.hits[set_index].first.iter().take(1));
+            }
         }
         for group in 0..rule.requires.len() {
             if let Some(set_index) = found(Role::Requires(group)).next() {
