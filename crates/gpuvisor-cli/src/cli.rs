@@ -29,6 +29,12 @@ pub enum Command {
     /// List the GPUs of this machine (or a simulated set) with memory and the processes
     /// already holding it.
     Gpus(GpusArgs),
+    /// Name the failure in a log, a run directory's logs or standard input: the cause, the
+    /// evidence lines, the fix and a confidence.
+    Explain(ExplainArgs),
+    /// Check this machine for what would break a job: driver, GPUs, framework builds,
+    /// /dev/shm, free disk and conflicting environment variables.
+    Doctor(DoctorArgs),
     /// Run a command under a GPU memory budget: the shim enforces it on the command and every
     /// process it starts; a summary (peak per process, refusals) is printed when it exits.
     Exec(ExecArgs),
@@ -71,6 +77,38 @@ pub struct GpusArgs {
     /// Print as JSON.
     #[arg(long)]
     pub json: bool,
+    /// GPU source.
+    #[command(flatten)]
+    pub inventory: InventoryArgs,
+}
+
+/// Arguments of `gpuvisor explain`.
+#[derive(Debug, Args)]
+pub struct ExplainArgs {
+    /// A log file, a run directory (or its name under runs/), or `-` for standard input
+    /// (the default when input is piped).
+    #[arg(value_name = "FILE|RUN|-")]
+    pub input: Option<String>,
+    /// Print the findings as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Arguments of `gpuvisor doctor`.
+#[derive(Debug, Args)]
+pub struct DoctorArgs {
+    /// Print the findings as JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// A path whose free disk space to check (repeatable); default: the current directory.
+    #[arg(long = "path", value_name = "PATH")]
+    pub paths: Vec<PathBuf>,
+    /// The Python interpreter whose frameworks (jax, torch, tensorflow) to check.
+    #[arg(long, value_name = "PYTHON", default_value = "python3")]
+    pub python: String,
+    /// Seconds to wait for the Python check.
+    #[arg(long, value_name = "SECONDS", default_value_t = 8)]
+    pub python_timeout: u64,
     /// GPU source.
     #[command(flatten)]
     pub inventory: InventoryArgs,

@@ -1,6 +1,8 @@
 //! One module per command; [`run`] dispatches.
 
+mod doctor;
 mod exec;
+mod explain;
 mod gpus;
 mod plan;
 
@@ -14,6 +16,8 @@ pub fn run(cli: Cli) -> Result<ExitCode, Failure> {
     match cli.command {
         Command::Plan(args) => plan::run(args),
         Command::Gpus(args) => gpus::run(args),
+        Command::Explain(args) => explain::run(args),
+        Command::Doctor(args) => doctor::run(args),
         Command::Exec(args) => exec::run(args),
         Command::ExecChild(args) => Ok(exec::run_child(args)),
         Command::ExecSample(args) => Ok(exec::run_sampler(args.ledger)),
