@@ -1,6 +1,8 @@
 /* One process's first CUDA use: cuInit, a context, one allocation and its free. The start-up
  * benchmark runs 256 of these at once, with and without the shim (which registers each one in
  * the ledger on first use). */
+#include <stddef.h>
+
 typedef int CUresult;
 typedef int CUdevice;
 typedef void *CUcontext;
@@ -9,7 +11,7 @@ CUresult cuInit(unsigned int flags);
 CUresult cuDeviceGet(CUdevice *device, int ordinal);
 CUresult cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice device);
 CUresult cuCtxSetCurrent(CUcontext ctx);
-CUresult cuMemAlloc_v2(CUdeviceptr *ptr, unsigned long bytes);
+CUresult cuMemAlloc_v2(CUdeviceptr *ptr, size_t bytes);
 CUresult cuMemFree_v2(CUdeviceptr ptr);
 
 int main(void) {

@@ -29,6 +29,21 @@ pub enum Command {
     /// List the GPUs of this machine (or a simulated set) with memory and the processes
     /// already holding it.
     Gpus(GpusArgs),
+    /// Name the failure in a log, a run directory's logs or standard input: the cause, the
+    /// evidence lines, the fix and a confidence.
+    Explain(ExplainArgs),
+    /// Check this machine for what would break a job: driver, GPUs, framework builds,
+    /// /dev/shm, free disk and conflicting environment variables.
+    Doctor(DoctorArgs),
+    /// Run a command under a GPU memory budget: the shim enforces it on the command and every
+    /// process it starts; a summary (peak per process, refusals) is printed when it exits.
+    Exec(ExecArgs),
+    /// Internal: how `exec` starts its command (unblocks signals, then execs it).
+    #[command(name = "__exec-child", hide = true)]
+    ExecChild(ExecChildArgs),
+    /// Internal: how `exec` reads the ledger while the command runs.
+    #[command(name = "__exec-sample", hide = true)]
+    ExecSample(ExecSampleArgs),
     /// Run a job: start every process with its budget, in dependency order; restart by
     /// policy; stop everything on Ctrl-C. Records everything in a run directory.
     Run(crate::commands::run::RunArgs),
@@ -77,4 +92,96 @@ pub struct GpusArgs {
     /// GPU source.
     #[command(flatten)]
     pub inventory: InventoryArgs,
+}
+
+/// Arguments of `gpuvisor explain`.
+#[derive(Debug, Args)]
+pub struct ExplainArgs {
+    /// A log file, a run directory (or its name under runs/), or `-` for standard input
+    /// (the default when input is piped).
+    #[arg(value_name = "FILE|RUN|-")]
+    pub input: Option<String>,
+    /// Print the findings as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Arguments of `gpuvisor doctor`.
+#[derive(Debug, Args)]
+pub struct DoctorArgs {
+    /// Print the findings as JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// A path whose free disk space to check (repeatable); default: the current directory.
+    #[arg(long = "path", value_name = "PATH")]
+    pub paths: Vec<PathBuf>,
+    /// The Python interpreter whose frameworks (jax, torch, tensorflow) to check.
+    #[arg(long, value_name = "PYTHON", default_value = "python3")]
+    pub python: String,
+    /// Seconds to wait for the Python check.
+    #[arg(long, value_name = "SECONDS", default_value_t = 8)]
+    pub python_timeout: u64,
+    /// GPU source.
+    #[command(flatten)]
+    pub inventory: InventoryArgs,
+}
+
+/// Arguments of `gpuvisor exec`.
+#[derive(Debug, Args)]
+#[command(
+    after_help = "Examples:\n  gpuvisor exec --mem-per-process 12GiB -- python parallel.py\n  gpuvisor exec --simulate 1x80GiB --mem 20GiB -- ./train.sh"
+)]
+pub struct ExecArgs {
+    /// Budget shared by the command and all its descendants, per GPU (e.g. `24GiB`).
+    #[arg(long, value_name = "SIZE", conflicts_with = "mem_per_process")]
+    pub mem: Option<String>,
+    /// Budget for each process of the tree on its own, per GPU (e.g. `12GiB`).
+    #[arg(long, value_name = "SIZE")]
+    pub mem_per_process: Option<String>,
+    /// GPU(s) to run on, by index (comma-separated for several).
+    #[arg(long, value_name = "N", value_delimiter = ',', default_value = "0")]
+    pub gpu: Vec<u32>,
+    /// Refuse CUDA to the command and all its descendants, and list those that try.
+    #[arg(long, conflicts_with_all = ["children_cpu_only", "mem", "mem_per_process"])]
+    pub cpu_only: bool,
+    /// The command may use the GPU; the processes it starts may not (listed if they try).
+    #[arg(long)]
+    pub children_cpu_only: bool,
+    /// Framework whose settings the command gets: jax, torch, tensorflow, cuda or none.
+    #[arg(long, value_name = "F", default_value = "none")]
+    pub framework: String,
+    /// Print the summary as one line of JSON (on stderr) instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// GPU source.
+    #[command(flatten)]
+    pub inventory: InventoryArgs,
+    /// The command and its arguments (after `--`).
+    #[arg(
+        required = true,
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        value_name = "CMD"
+    )]
+    pub command: Vec<String>,
+}
+
+/// Arguments of the internal `gpuvisor __exec-child`.
+#[derive(Debug, Args)]
+pub struct ExecChildArgs {
+    /// The command and its arguments.
+    #[arg(
+        required = true,
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        value_name = "CMD"
+    )]
+    pub command: Vec<String>,
+}
+
+/// Arguments of the internal `gpuvisor __exec-sample`.
+#[derive(Debug, Args)]
+pub struct ExecSampleArgs {
+    /// The ledger file.
+    pub ledger: PathBuf,
 }

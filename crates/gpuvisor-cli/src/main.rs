@@ -7,6 +7,8 @@ mod cli;
 mod commands;
 mod failure;
 mod inventory;
+mod sha256;
+mod shim;
 mod table;
 
 use std::process::ExitCode;

@@ -353,6 +353,56 @@ impl Ledger {
         self.register_process(group, &identity)
     }
 
+    /// [`Ledger::register_current_process`] for a fresh program image: first frees every slot
+    /// an earlier image of this same process left behind, then claims one.
+    ///
+    /// `exec` keeps the pid and the start time, so a slot of the image before it looks alive
+    /// to [`Ledger::reclaim_dead`] forever, while the driver has already freed everything that
+    /// image allocated: without this, a process that execs itself would carry its old charges
+    /// (a false out-of-memory) for the rest of its life. The shim calls this once per image.
+    /// Costs one pass over the slot owner words (no system call per slot).
+    pub fn register_current_image(&self, group: u32) -> Result<SlotId, LedgerError> {
+        let identity = procfs::read_identity(0).ok_or_else(|| LedgerError::Io {
+            op: "read /proc/self/stat",
+            path: self.path().to_path_buf(),
+            source: std::io::Error::last_os_error(),
+        })?;
+        if group >= self.group_count {
+            return Err(LedgerError::UnknownGroup {
+                group,
+                groups: self.group_count,
+            });
+        }
+        self.release_earlier_images(&identity);
+        self.register_process(group, &identity)
+    }
+
+    /// Frees the slots held by earlier images of the process `identity` (same pid and start
+    /// time), returning what they still had charged to their groups. Only for the process
+    /// itself, before it registers its current image: any slot with its identity is then stale.
+    pub fn release_earlier_images(&self, identity: &ProcessIdentity) -> Vec<ReclaimedProcess> {
+        let mut released = Vec::new();
+        for index in 0..self.slot_count as usize {
+            let s = self.slot(index);
+            let owner = s.owner.load(Ordering::Acquire);
+            if owner == SLOT_FREE || owner_pid(owner) != identity.pid {
+                continue;
+            }
+            let state = owner_state(owner);
+            let start_time = s.start_time.load(Ordering::Relaxed);
+            // A claim cut short by the exec (another thread was registering) may not have
+            // written its start time yet.
+            let same_process = start_time == identity.start_time
+                || (state == SLOT_STATE_CLAIMING && start_time == 0);
+            if (state == SLOT_STATE_LIVE || state == SLOT_STATE_CLAIMING) && same_process {
+                if let Some(r) = self.reclaim_owner(index, owner) {
+                    released.push(self.reclaimed(r));
+                }
+            }
+        }
+        released
+    }
+
     fn try_claim(&self, group: u32, identity: &ProcessIdentity) -> Option<SlotId> {
         let n = self.slot_count as usize;
         // Fibonacci hashing spreads consecutive pids over the slot array.

@@ -2,7 +2,7 @@
 
 use std::fs::OpenOptions;
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 
@@ -336,12 +336,45 @@ impl Ledger {
             path: path.to_path_buf(),
             detail,
         };
+        // Only a regular file is opened: opening a device read-write can have side effects (a
+        // terminal becoming the controlling tty, a watchdog arming), and a FIFO or device has
+        // no size to check. O_NONBLOCK|O_NOCTTY cover a file swapped in between the two checks.
+        let not_regular = |kind: std::fs::FileType| {
+            let what = if kind.is_dir() {
+                "a directory"
+            } else if kind.is_fifo() {
+                "a FIFO"
+            } else if kind.is_char_device() || kind.is_block_device() {
+                "a device"
+            } else {
+                "not a regular file"
+            };
+            io_err(
+                "open",
+                path,
+                std::io::Error::new(
+                    std::io::ErrorKind::InvalidInput,
+                    format!("not a regular file ({what})"),
+                ),
+            )
+        };
+        let kind = std::fs::metadata(path)
+            .map_err(|e| io_err("open", path, e))?
+            .file_type();
+        if !kind.is_file() {
+            return Err(not_regular(kind));
+        }
         let file = OpenOptions::new()
             .read(true)
             .write(true)
+            .custom_flags(sys::O_NONBLOCK | sys::O_NOCTTY)
             .open(path)
             .map_err(|e| io_err("open", path, e))?;
-        let len = file.metadata().map_err(|e| io_err("stat", path, e))?.len() as usize;
+        let metadata = file.metadata().map_err(|e| io_err("stat", path, e))?;
+        if !metadata.file_type().is_file() {
+            return Err(not_regular(metadata.file_type()));
+        }
+        let len = metadata.len() as usize;
         let header_size = std::mem::size_of::<Header>();
         if len < header_size {
             return Err(corrupt(format!(

@@ -23,13 +23,32 @@ pub struct ProcessIdentity {
 /// (the shim calls this on its refusal path): the path and the text live on the stack; one
 /// open and one read, no scan of other processes.
 pub fn read_identity(pid: i32) -> Option<ProcessIdentity> {
+    let mut buf = [0u8; 1024];
+    let len = read_stat(pid, &mut buf)?;
+    parse_stat(&buf[..len])
+}
+
+/// Reads `/proc/PID/stat` (`pid` 0 = self) into `buf`; returns the length read.
+fn read_stat(pid: i32, buf: &mut [u8; 1024]) -> Option<usize> {
     let mut path = [0u8; 32];
     let path_len = stat_path(pid, &mut path);
-    let mut buf = [0u8; 1024];
     use std::os::unix::ffi::OsStrExt;
     let path = std::path::Path::new(std::ffi::OsStr::from_bytes(&path[..path_len]));
-    let len = read_into(path, &mut buf)?;
-    parse_stat(&buf[..len])
+    read_into(path, buf)
+}
+
+/// Whether the `/proc/PID/stat` text describes a process that has exited: state `X`, or a
+/// zombie (`Z`) with no thread left but the leader. A thread-group leader that called
+/// `pthread_exit` is shown as `Z` too while its other threads run on (and hold GPU memory);
+/// field 20 (num_threads) tells them apart.
+pub(crate) fn has_exited(text: &[u8]) -> Option<bool> {
+    let close = text.iter().rposition(|b| *b == b')')?;
+    let rest = std::str::from_utf8(&text[close + 1..]).ok()?;
+    let mut fields = rest.split_ascii_whitespace();
+    let state = *fields.next()?.as_bytes().first()?;
+    // Field 3 is the state; field 20 is 17 fields further on.
+    let threads: u64 = fields.nth(16)?.parse().ok()?;
+    Some(state == b'X' || (state == b'Z' && threads <= 1))
 }
 
 /// Writes `/proc/PID/stat` (`/proc/self/stat` for pid 0) into `out`; returns its length.
@@ -106,8 +125,8 @@ pub fn parse_stat(text: &[u8]) -> Option<ProcessIdentity> {
 /// Whether the process that registered as (`pid`, `start_time`) is still running.
 ///
 /// `kill(pid, 0)` first (cheap; ESRCH = gone), then the start time and state from /proc: a
-/// different start time means the pid was reused, `Z`/`X` means it has exited (a zombie holds
-/// no GPU memory). If the pid exists but its /proc entry cannot be read (no /proc, hidden by
+/// different start time means the pid was reused, `X` or a zombie with no other thread left
+/// means it has exited (a zombie holds no GPU memory; see [`has_exited`]). If the pid exists but its /proc entry cannot be read (no /proc, hidden by
 /// `hidepid`, or it exited between the two checks) the answer is "alive": reclaiming a live
 /// process would be worse than keeping a dead one until the next scan.
 pub fn is_alive(pid: i32, start_time: u64) -> bool {
@@ -119,9 +138,14 @@ pub fn is_alive(pid: i32, start_time: u64) -> bool {
     if rc != 0 && std::io::Error::last_os_error().raw_os_error() != Some(crate::sys::EPERM) {
         return false;
     }
-    match read_identity(pid) {
-        Some(id) => id.start_time == start_time && id.state != b'Z' && id.state != b'X',
-        None => true,
+    let mut buf = [0u8; 1024];
+    let Some(len) = read_stat(pid, &mut buf) else {
+        return true;
+    };
+    let text = &buf[..len];
+    match (parse_stat(text), has_exited(text)) {
+        (Some(id), Some(exited)) => id.start_time == start_time && !exited,
+        _ => true,
     }
 }
 
@@ -161,6 +185,27 @@ mod tests {
         assert_eq!(&buf[..n], b"/proc/4194304/stat");
         let n = stat_path(7, &mut buf);
         assert_eq!(&buf[..n], b"/proc/7/stat");
+    }
+
+    #[test]
+    fn a_zombie_leader_with_live_threads_has_not_exited() {
+        let stat = |state: &str, threads: u32| {
+            format!("77 (py) {state} 1 77 77 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 {threads} 0 987654 1000 10")
+        };
+        assert_eq!(
+            has_exited(stat("Z", 1).as_bytes()),
+            Some(true),
+            "a real zombie"
+        );
+        assert_eq!(has_exited(stat("X", 1).as_bytes()), Some(true));
+        // main() called pthread_exit; a worker thread still runs and holds GPU memory.
+        assert_eq!(has_exited(stat("Z", 3).as_bytes()), Some(false));
+        assert_eq!(has_exited(stat("S", 3).as_bytes()), Some(false));
+        let id = parse_stat(stat("Z", 3).as_bytes()).unwrap();
+        assert_eq!(
+            id.start_time, 987654,
+            "the fields line up with parse_stat's"
+        );
     }
 
     #[test]

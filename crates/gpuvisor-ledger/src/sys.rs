@@ -11,6 +11,10 @@ pub const PROT_WRITE: c_int = 0x2;
 pub const MAP_SHARED: c_int = 0x01;
 /// `MAP_FAILED` from `<sys/mman.h>`.
 pub const MAP_FAILED: *mut c_void = !0usize as *mut c_void;
+/// `O_NONBLOCK` from `<fcntl.h>` (Linux).
+pub const O_NONBLOCK: c_int = 0o4000;
+/// `O_NOCTTY` from `<fcntl.h>` (Linux).
+pub const O_NOCTTY: c_int = 0o400;
 /// `EPERM` from `<errno.h>`.
 pub const EPERM: i32 = 1;
 

@@ -360,3 +360,59 @@ fn slots_exhaust_then_reclaim_dead() {
     );
     ledger.charge(me, 0, 10 * GIB).unwrap();
 }
+
+#[test]
+fn a_new_image_of_the_same_process_releases_the_old_images_slot() {
+    let path = TempPath::new("image");
+    let ledger = Ledger::create(&path.0, &devices(1), &[group("g", &[10 * GIB], &[])]).unwrap();
+    let me = read_identity(0).unwrap();
+    // The image before an exec: same pid, same start time, 6 GiB still charged.
+    let old = ledger.register_process(0, &me).unwrap();
+    ledger.charge(old, 0, 6 * GIB).unwrap();
+    // Another process that once had our pid (other start time) is not ours to release.
+    let reused = ledger
+        .register_process(0, &fake_identity(me.pid, me.start_time + 1))
+        .unwrap();
+    ledger.charge(reused, 0, GIB).unwrap();
+    let other = ledger
+        .register_process(0, &fake_identity(me.pid + 1, me.start_time))
+        .unwrap();
+    ledger.charge(other, 0, GIB).unwrap();
+    let new = ledger.register_current_image(0).unwrap();
+    // 8 GiB fit only if the old image's 6 GiB were returned.
+    ledger.charge(new, 0, 8 * GIB).unwrap();
+    let snap = ledger.snapshot();
+    assert_eq!(snap.groups[0].used_bytes[0], 10 * GIB);
+    assert_eq!(snap.processes.len(), 3);
+    assert_eq!(snap.underflow_repairs, 0);
+    // Registering again from this image would release `new` itself: the shim registers once
+    // per image, so only a fresh image calls it.
+    let released = ledger.release_earlier_images(&me);
+    assert_eq!(released.len(), 1);
+    assert_eq!(released[0].slot, new.index);
+    assert_eq!(released[0].used_bytes, vec![8 * GIB]);
+    assert_eq!(ledger.snapshot().groups[0].used_bytes[0], 2 * GIB);
+}
+
+#[test]
+fn only_regular_files_are_opened() {
+    let fifo = TempPath::new("fifo");
+    assert!(std::process::Command::new("mkfifo")
+        .arg(&fifo.0)
+        .status()
+        .unwrap()
+        .success());
+    for (path, what) in [
+        (fifo.0.as_path(), "a FIFO"),
+        (std::path::Path::new("/dev/null"), "a device"),
+        (std::path::Path::new("/"), "a directory"),
+    ] {
+        let err = Ledger::open(path).err().expect("not a ledger");
+        let text = err.to_string();
+        assert!(
+            text.contains(&format!("not a regular file ({what})")),
+            "{text}"
+        );
+        assert!(text.contains("\nhint: "), "{text}");
+    }
+}

@@ -4,6 +4,8 @@
 #   crates/gpuvisor-shim/benches/run.sh DRIVER_DIR [ITERATIONS]
 # DRIVER_DIR holds libcuda.so.1: the C fake from tests/c (lock-free; isolates the shim's cost)
 # or gpuvisor-sim. Builds the shim with plain rustc (release) and the benchmark with cc.
+# A quick check against any libcuda.so.1; the published figures (docs/benchmarks.md) come from
+# `python3 scripts/bench.py`, which measures through `gpuvisor exec` with medians and callgrind.
 set -eu
 driver_dir=$(cd "$1" && pwd)
 iterations=${2:-2000000}

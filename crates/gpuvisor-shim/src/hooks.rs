@@ -17,14 +17,34 @@ use crate::real::{self, Sym};
 use crate::state::{self, HANDLES, POINTERS};
 use crate::table::{Insert, Table};
 
-/// Runs `$body`; on a panic, evaluates `$fallback` instead.
+/// Runs `$body`, in which the closure `$real` (the call to the driver) is shadowed by one that
+/// remembers the driver's answer. On a panic: the driver's answer if it was already called
+/// (calling it again would allocate twice, or free twice), else the driver called now.
 macro_rules! guarded {
-    ($fallback:expr, $body:expr) => {
+    ($real:ident, $body:expr) => {{
+        let driver_answer = std::cell::Cell::new(None::<CUresult>);
+        let call_driver = $real;
+        let $real = || {
+            let result = call_driver();
+            driver_answer.set(Some(result));
+            result
+        };
         match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| $body)) {
             Ok(result) => result,
-            Err(_) => $fallback,
+            Err(_) => driver_answer.get().unwrap_or_else(call_driver),
         }
-    };
+    }};
+}
+
+/// Test builds only (the shim's tests build it unoptimised, with debug assertions; release
+/// builds have none): `GPUVISOR_SHIM_TEST_PANIC=1` panics right after the driver call, to
+/// show that such a panic neither repeats the call nor reaches the host program.
+#[inline]
+fn after_driver_call() {
+    #[cfg(debug_assertions)]
+    if std::env::var_os("GPUVISOR_SHIM_TEST_PANIC").is_some() {
+        panic!("injected by GPUVISOR_SHIM_TEST_PANIC");
+    }
 }
 
 /// Calls the real `$sym` with `$args`, or reports a missing driver.
@@ -148,8 +168,12 @@ fn charged(
     match precharge(size as u64, device) {
         Pre::Pass => alloc(),
         Pre::Denied => CUDA_ERROR_OUT_OF_MEMORY,
-        // SAFETY: out is non-null and the driver wrote the address on success.
-        Pre::Charged(c) => settle(c, alloc(), table, || unsafe { *out }),
+        Pre::Charged(c) => {
+            let result = alloc();
+            after_driver_call();
+            // SAFETY: out is non-null and the driver wrote the address on success.
+            settle(c, result, table, || unsafe { *out })
+        }
     }
 }
 
@@ -165,6 +189,7 @@ fn tracked_free(table: &Table, key: u64, free: impl FnOnce() -> CUresult) -> CUr
         return free();
     };
     let result = free();
+    after_driver_call();
     let Some(slot) = state::slot(ledger) else {
         return result;
     };
@@ -191,7 +216,7 @@ fn tracked_free(table: &Table, key: u64, free: impl FnOnce() -> CUresult) -> CUr
 #[no_mangle]
 pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, size: usize) -> CUresult {
     let real = || call_real!(MemAlloc, sig::MemAlloc, dptr, size);
-    guarded!(real(), charged(size, None, &POINTERS, dptr, real))
+    guarded!(real, charged(size, None, &POINTERS, dptr, real))
 }
 
 /// cuMemAllocManaged: charged on the current device (where it is first placed).
@@ -202,7 +227,7 @@ pub unsafe extern "C" fn cuMemAllocManaged(
     flags: c_uint,
 ) -> CUresult {
     let real = || call_real!(MemAllocManaged, sig::MemAllocManaged, dptr, size, flags);
-    guarded!(real(), charged(size, None, &POINTERS, dptr, real))
+    guarded!(real, charged(size, None, &POINTERS, dptr, real))
 }
 
 /// cuMemAllocAsync: charged at call time on the current device.
@@ -213,7 +238,7 @@ pub unsafe extern "C" fn cuMemAllocAsync(
     stream: Handle,
 ) -> CUresult {
     let real = || call_real!(MemAllocAsync, sig::MemAllocAsync, dptr, size, stream);
-    guarded!(real(), charged(size, None, &POINTERS, dptr, real))
+    guarded!(real, charged(size, None, &POINTERS, dptr, real))
 }
 
 /// cuMemAllocAsync_ptsz (per-thread default stream variant).
@@ -224,7 +249,7 @@ pub unsafe extern "C" fn cuMemAllocAsync_ptsz(
     stream: Handle,
 ) -> CUresult {
     let real = || call_real!(MemAllocAsyncPtsz, sig::MemAllocAsync, dptr, size, stream);
-    guarded!(real(), charged(size, None, &POINTERS, dptr, real))
+    guarded!(real, charged(size, None, &POINTERS, dptr, real))
 }
 
 /// cuMemAllocFromPoolAsync: charged at call time on the current device.
@@ -245,7 +270,7 @@ pub unsafe extern "C" fn cuMemAllocFromPoolAsync(
             stream
         )
     };
-    guarded!(real(), charged(size, None, &POINTERS, dptr, real))
+    guarded!(real, charged(size, None, &POINTERS, dptr, real))
 }
 
 /// cuMemAllocFromPoolAsync_ptsz.
@@ -266,7 +291,7 @@ pub unsafe extern "C" fn cuMemAllocFromPoolAsync_ptsz(
             stream
         )
     };
-    guarded!(real(), charged(size, None, &POINTERS, dptr, real))
+    guarded!(real, charged(size, None, &POINTERS, dptr, real))
 }
 
 /// cuMemAllocPitch_v2: the size (pitch × height) is known only after the call, so it is
@@ -290,7 +315,7 @@ pub unsafe extern "C" fn cuMemAllocPitch_v2(
             element_bytes
         )
     };
-    guarded!(real(), {
+    guarded!(real, {
         let result = real();
         if result != CUDA_SUCCESS || dptr.is_null() || pitch.is_null() {
             return result;
@@ -317,7 +342,7 @@ pub unsafe extern "C" fn cuMemCreate(
     flags: u64,
 ) -> CUresult {
     let real = || call_real!(MemCreate, sig::MemCreate, handle, size, prop, flags);
-    guarded!(real(), {
+    guarded!(real, {
         if handle.is_null() || prop.is_null() {
             return real();
         }
@@ -340,28 +365,28 @@ pub unsafe extern "C" fn cuMemCreate(
 #[no_mangle]
 pub unsafe extern "C" fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
     let real = || call_real!(MemFree, sig::MemFree, dptr);
-    guarded!(real(), tracked_free(&POINTERS, dptr, real))
+    guarded!(real, tracked_free(&POINTERS, dptr, real))
 }
 
 /// cuMemFreeAsync: the charge is returned at call time.
 #[no_mangle]
 pub unsafe extern "C" fn cuMemFreeAsync(dptr: CUdeviceptr, stream: Handle) -> CUresult {
     let real = || call_real!(MemFreeAsync, sig::MemFreeAsync, dptr, stream);
-    guarded!(real(), tracked_free(&POINTERS, dptr, real))
+    guarded!(real, tracked_free(&POINTERS, dptr, real))
 }
 
 /// cuMemFreeAsync_ptsz.
 #[no_mangle]
 pub unsafe extern "C" fn cuMemFreeAsync_ptsz(dptr: CUdeviceptr, stream: Handle) -> CUresult {
     let real = || call_real!(MemFreeAsyncPtsz, sig::MemFreeAsync, dptr, stream);
-    guarded!(real(), tracked_free(&POINTERS, dptr, real))
+    guarded!(real, tracked_free(&POINTERS, dptr, real))
 }
 
 /// cuMemRelease: the charge is returned at call time.
 #[no_mangle]
 pub unsafe extern "C" fn cuMemRelease(handle: CUmemHandle) -> CUresult {
     let real = || call_real!(MemRelease, sig::MemRelease, handle);
-    guarded!(real(), tracked_free(&HANDLES, handle, real))
+    guarded!(real, tracked_free(&HANDLES, handle, real))
 }
 
 /// The budget view of `device` (ledger index) for this process: (limit, available).
@@ -377,7 +402,7 @@ fn budget(ledger: &Ledger, device: usize) -> (u64, u64) {
 #[no_mangle]
 pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CUresult {
     let real = || call_real!(MemGetInfo, sig::MemGetInfo, free, total);
-    guarded!(real(), {
+    guarded!(real, {
         let result = real();
         if result != CUDA_SUCCESS || free.is_null() || total.is_null() {
             return result;
@@ -404,7 +429,7 @@ pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) ->
 #[no_mangle]
 pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, device: CUdevice) -> CUresult {
     let real = || call_real!(DeviceTotalMem, sig::DeviceTotalMem, bytes, device);
-    guarded!(real(), {
+    guarded!(real, {
         let result = real();
         if result != CUDA_SUCCESS || bytes.is_null() {
             return result;
@@ -444,7 +469,7 @@ fn context_call(call: impl FnOnce() -> CUresult) -> CUresult {
 #[no_mangle]
 pub unsafe extern "C" fn cuInit(flags: c_uint) -> CUresult {
     let real = || call_real!(Init, sig::Init, flags);
-    guarded!(real(), {
+    guarded!(real, {
         if state::cpu_only() {
             state::record_violation();
             return CUDA_ERROR_NO_DEVICE;
@@ -467,7 +492,7 @@ pub unsafe extern "C" fn cuCtxCreate_v2(
     device: CUdevice,
 ) -> CUresult {
     let real = || call_real!(CtxCreateV2, sig::CtxCreateV2, ctx, flags, device);
-    guarded!(real(), context_call(real))
+    guarded!(real, context_call(real))
 }
 
 /// cuCtxCreate_v3 (with execution-affinity parameters).
@@ -490,7 +515,7 @@ pub unsafe extern "C" fn cuCtxCreate_v3(
             device
         )
     };
-    guarded!(real(), context_call(real))
+    guarded!(real, context_call(real))
 }
 
 /// cuCtxCreate_v4 (with CUctxCreateParams).
@@ -502,12 +527,12 @@ pub unsafe extern "C" fn cuCtxCreate_v4(
     device: CUdevice,
 ) -> CUresult {
     let real = || call_real!(CtxCreateV4, sig::CtxCreateV4, ctx, params, flags, device);
-    guarded!(real(), context_call(real))
+    guarded!(real, context_call(real))
 }
 
 /// cuDevicePrimaryCtxRetain (how the runtime creates its context).
 #[no_mangle]
 pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(ctx: *mut Handle, device: CUdevice) -> CUresult {
     let real = || call_real!(PrimaryCtxRetain, sig::PrimaryCtxRetain, ctx, device);
-    guarded!(real(), context_call(real))
+    guarded!(real, context_call(real))
 }

@@ -10,6 +10,7 @@ use std::os::raw::{c_char, c_int, c_void};
 use crate::cuda::*;
 use crate::hooks;
 use crate::real::{self, Sym, ALL};
+use crate::sys;
 
 /// Our hook for `sym`, if we wrap it (the last three are only called, not wrapped).
 pub fn hook_address(sym: Sym) -> Option<*mut c_void> {
@@ -53,9 +54,14 @@ fn hooked_by_name(name: &[u8]) -> Option<Sym> {
         .find(|s| s.name() == name && hook_address(*s).is_some())
 }
 
+/// [`gpuvisor_shim_dlsym_lookup`]'s answer "the symbol does not exist": return NULL without
+/// asking libc (which would find the shim's own export). The trampoline compares with 1.
+const ANSWER_NULL: *mut c_void = std::ptr::without_provenance_mut(1);
+
 /// What our `dlsym` returns for `name`: our hook if we wrap that symbol and the real driver has
-/// it, else null ("ask libc").
-extern "C" fn gpuvisor_shim_dlsym_lookup(_handle: *mut c_void, name: *const c_char) -> *mut c_void {
+/// it; [`ANSWER_NULL`] if we wrap it, the driver lacks it, and libc would only find our own
+/// export; else null ("ask libc").
+extern "C" fn gpuvisor_shim_dlsym_lookup(handle: *mut c_void, name: *const c_char) -> *mut c_void {
     if name.is_null() {
         return std::ptr::null_mut();
     }
@@ -63,10 +69,23 @@ extern "C" fn gpuvisor_shim_dlsym_lookup(_handle: *mut c_void, name: *const c_ch
         // SAFETY: dlsym's contract: name is a NUL-terminated string.
         let bytes = unsafe { std::ffi::CStr::from_ptr(name) }.to_bytes();
         let sym = hooked_by_name(bytes)?;
-        // Only if the driver really has it: a program probing for an entry point the installed
-        // driver lacks must still get NULL.
-        real::raw(sym)?;
-        hook_address(sym)
+        if real::raw(sym).is_some() {
+            return hook_address(sym);
+        }
+        // No driver (or an old one without this entry point). A program probing the global
+        // scope would find our export and believe a driver is there; only another library's
+        // definition counts. RTLD_NEXT is caller-relative, so it stays with libc.
+        if handle == sys::RTLD_NEXT {
+            return None;
+        }
+        let libc_dlsym = real::real_dlsym()?;
+        // SAFETY: libc's dlsym with the caller's (non-caller-relative) handle and name.
+        let other = unsafe { libc_dlsym(handle, name) };
+        if other.is_null() || ALL.iter().any(|s| hook_address(*s) == Some(other)) {
+            Some(ANSWER_NULL)
+        } else {
+            Some(other)
+        }
     });
     found.ok().flatten().unwrap_or(std::ptr::null_mut())
 }
@@ -92,7 +111,13 @@ pub unsafe extern "C" fn dlsym(handle: *mut c_void, name: *const c_char) -> *mut
         "sub rsp, 8",
         "call {lookup}",
         "test rax, rax",
-        "jnz 2f",
+        "jz 3f",
+        // ANSWER_NULL: return NULL; any other non-null: the answer.
+        "cmp rax, 1",
+        "jne 2f",
+        "xor eax, eax",
+        "jmp 2f",
+        "3:",
         "call {real}",
         "test rax, rax",
         "jz 2f",
@@ -116,6 +141,9 @@ pub unsafe extern "C" fn dlsym(handle: *mut c_void, name: *const c_char) -> *mut
 #[no_mangle]
 pub unsafe extern "C" fn dlsym(handle: *mut c_void, name: *const c_char) -> *mut c_void {
     let hook = gpuvisor_shim_dlsym_lookup(handle, name);
+    if hook == ANSWER_NULL {
+        return std::ptr::null_mut();
+    }
     if !hook.is_null() {
         return hook;
     }

@@ -50,7 +50,7 @@ static DEVICE_MAP: [AtomicI32; MAX_ORDINALS] =
 /// Device pointer → (size, device): 1M entries (16 MiB of address space, touched on use).
 pub static POINTERS: Table = Table::new(1 << 20);
 /// VMM handle → (size, device).
-pub static HANDLES: Table = Table::new(1 << 18);
+pub static HANDLES: Table = Table::new_scattered(1 << 18);
 
 /// The ledger, once initialised; None = pass everything through.
 #[inline]
@@ -59,7 +59,8 @@ pub fn ledger() -> Option<&'static Ledger> {
         init();
     }
     let p = LEDGER.load(Ordering::Acquire);
-    // SAFETY: a non-null LEDGER was leaked from a Box and is never freed or changed.
+    // SAFETY: a non-null LEDGER was leaked from a Box and is never freed (a fork child that
+    // initialises again stores another one; the first stays valid).
     (!p.is_null()).then(|| unsafe { &*p })
 }
 
@@ -100,6 +101,7 @@ fn init() {
     }
     // SAFETY: getpid has no preconditions.
     PID.store(unsafe { sys::getpid() }, Ordering::Relaxed);
+    slow_init_for_tests();
     if ROOT_PID.load(Ordering::Relaxed) == 0 {
         let root = sys::env_bytes(c"GPUVISOR_ROOT_PID")
             .and_then(|v| std::str::from_utf8(&v).ok()?.parse().ok())
@@ -118,20 +120,18 @@ fn init() {
         });
         match (Ledger::open(path), group) {
             (_, Some(None)) => sys::stderr_line(
-                "GPUVISOR_GROUP is not a number; passing all CUDA calls through unlimited",
+                "GPUVISOR_GROUP is not a number; passing all CUDA calls through unlimited; hint: gpuvisor sets it to the index of the process's budget group",
             ),
-            (Err(e), _) => {
-                let first_line = e.to_string();
-                let first_line = first_line.lines().next().unwrap_or("");
-                sys::stderr_line(&format!(
-                    "{first_line}; passing all CUDA calls through unlimited"
-                ));
-            }
+            (Err(e), _) => sys::stderr_line(&one_line(
+                &e.to_string(),
+                "passing all CUDA calls through unlimited",
+            )),
             (Ok(ledger), group) => {
                 let group = group.flatten().unwrap_or(0);
                 if group as usize >= ledger.group_count() {
                     sys::stderr_line(&format!(
-                        "GPUVISOR_GROUP={group} but the ledger has {} groups; passing all CUDA calls through unlimited",
+                        "GPUVISOR_GROUP={group} but the ledger has {} groups; passing all CUDA calls through unlimited; hint: GPUVISOR_GROUP must be below {}",
+                        ledger.group_count(),
                         ledger.group_count()
                     ));
                 } else if !(POINTERS.map(false) && HANDLES.map(false)) {
@@ -152,14 +152,43 @@ fn init() {
     INIT.store(INIT_DONE, Ordering::Release);
 }
 
-/// Yields while `busy()` holds, at most ~10k times (milliseconds; registration and
-/// initialisation take microseconds).
+/// A ledger error (`what failed\nhint: fix`) as one stderr line: what failed, then what the
+/// shim does about it, then the hint.
+fn one_line(error: &str, consequence: &str) -> String {
+    match error.split_once('\n') {
+        Some((what, hint)) => format!("{what}; {consequence}; {}", hint.replace('\n', " ")),
+        None => format!("{error}; {consequence}"),
+    }
+}
+
+/// Test builds only (debug assertions): `GPUVISOR_SHIM_TEST_SLOW_INIT_MS=N` stretches
+/// initialisation, as a preempted thread on a loaded machine would.
+fn slow_init_for_tests() {
+    #[cfg(debug_assertions)]
+    if let Some(ms) = sys::env_bytes(c"GPUVISOR_SHIM_TEST_SLOW_INIT_MS")
+        .and_then(|v| std::str::from_utf8(&v).ok()?.parse().ok())
+    {
+        std::thread::sleep(std::time::Duration::from_millis(ms));
+    }
+}
+
+/// Waits while `busy()` holds: yields first, then sleeps in 100 µs steps, for at most ~5 s.
+/// Initialisation and registration take microseconds, but on a loaded machine the thread
+/// doing them can be preempted for many milliseconds; giving up early would let this call
+/// through unaccounted (or let a CPU-only process reach the GPU). The bound only matters if
+/// a signal handler interrupted that very thread (no lock is held, so it cannot deadlock).
 fn wait_while(busy: impl Fn() -> bool) {
-    for _ in 0..10_000 {
+    for _ in 0..1_000 {
         if !busy() {
             return;
         }
         std::thread::yield_now();
+    }
+    for _ in 0..50_000 {
+        if !busy() {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_micros(100));
     }
 }
 
@@ -195,7 +224,12 @@ fn register(ledger: &Ledger) -> Option<SlotId> {
         ) {
             Ok(_) => break,
             Err(SLOT_FAILED) => return None,
-            Err(SLOT_REGISTERING) => std::thread::yield_now(),
+            Err(SLOT_REGISTERING) => {
+                wait_while(|| SLOT.load(Ordering::Acquire) == SLOT_REGISTERING);
+                if SLOT.load(Ordering::Acquire) == SLOT_REGISTERING {
+                    return None; // only if this thread interrupted the registering one
+                }
+            }
             Err(s) => {
                 return Some(SlotId {
                     index: ((s >> 32) & 0x7fff_ffff) as u32,
@@ -204,7 +238,8 @@ fn register(ledger: &Ledger) -> Option<SlotId> {
             }
         }
     }
-    match ledger.register_current_process(GROUP.load(Ordering::Relaxed)) {
+    // Once per image: a slot this pid held before an exec is stale (see the ledger's docs).
+    match ledger.register_current_image(GROUP.load(Ordering::Relaxed)) {
         Ok(id) => {
             SLOT.store(
                 SLOT_VALID | (id.index as u64) << 32 | id.group as u64,
@@ -213,10 +248,9 @@ fn register(ledger: &Ledger) -> Option<SlotId> {
             Some(id)
         }
         Err(e) => {
-            let text = e.to_string();
-            sys::stderr_line(&format!(
-                "{}; this process's allocations pass through uncounted",
-                text.lines().next().unwrap_or("")
+            sys::stderr_line(&one_line(
+                &e.to_string(),
+                "this process's allocations pass through uncounted",
             ));
             SLOT.store(SLOT_FAILED, Ordering::Release);
             None

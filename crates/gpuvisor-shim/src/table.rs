@@ -39,9 +39,16 @@ pub enum Insert {
 pub struct Table {
     entries: AtomicPtr<Entry>,
     capacity: usize,
+    /// Keys are opaque handles, not device addresses: hash every bit (see [`Table::home`]).
+    scattered: bool,
 }
 
-/// Packs a size (< 2^56) and a device index (< 256) into one word.
+/// Largest size an entry holds (56 bits; the device index takes the top 8). The ledger
+/// charges up to 2^56 bytes, one more than this: such an entry is refused ([`Insert::Full`]),
+/// so its charge is returned at once instead of being recorded as 0 and kept forever.
+pub const MAX_SIZE: u64 = (1 << 56) - 1;
+
+/// Packs a size (<= [`MAX_SIZE`]) and a device index (< 256) into one word.
 fn pack(size: u64, device: usize) -> u64 {
     (size & ((1 << 56) - 1)) | ((device as u64) << 56)
 }
@@ -51,11 +58,24 @@ fn unpack(value: u64) -> (u64, usize) {
 }
 
 impl Table {
-    /// An unmapped table of `capacity` entries (a power of two); call [`Table::map`] first.
+    /// An unmapped table of `capacity` entries (a power of two) keyed by device addresses;
+    /// call [`Table::map`] first.
     pub const fn new(capacity: usize) -> Table {
         Table {
             entries: AtomicPtr::new(std::ptr::null_mut()),
             capacity,
+            scattered: false,
+        }
+    }
+
+    /// Like [`Table::new`], for opaque keys such as VMM handles. Drivers hand those out densely
+    /// (a counter, or small structures a few bytes apart), so the address-locality layout would
+    /// put hundreds of them on one home entry and overflow the probe bound after a few dozen.
+    pub const fn new_scattered(capacity: usize) -> Table {
+        Table {
+            entries: AtomicPtr::new(std::ptr::null_mut()),
+            capacity,
+            scattered: true,
         }
     }
 
@@ -122,6 +142,10 @@ impl Table {
 
     #[inline]
     fn home(&self, key: u64) -> usize {
+        if self.scattered {
+            // Fibonacci hashing of the whole key: consecutive keys land far apart.
+            return (key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) as usize;
+        }
         // Locality first: within a 256 MiB window, addresses map linearly (256-byte steps, the
         // driver's smallest alignment), so neighbouring allocations share cache lines and a
         // driver that reuses freed ranges hits warm entries. Each window starts at a
@@ -136,26 +160,41 @@ impl Table {
     /// Finding `key` already there means the driver handed the address out again, so the
     /// memory it named was freed without a free call we saw (a destroyed context, a reset
     /// device): the stale entry is replaced and returned, for its charge to be given back.
+    /// The search for it runs to the first never-used entry, past tombstones: a stale entry
+    /// behind a tombstone would otherwise be duplicated and its charge kept forever.
     #[inline]
     pub fn insert(&self, key: u64, size: u64, device: usize) -> Insert {
-        if key <= RESERVED {
+        if key <= RESERVED || size > MAX_SIZE {
             return Insert::Full;
         }
         let home = self.home(key);
-        for i in 0..MAX_PROBE {
-            let Some(e) = self.slot(home + i) else {
+        // One more pass each time another thread takes the free entry we picked.
+        for _ in 0..MAX_PROBE {
+            let mut free = None;
+            for i in 0..MAX_PROBE {
+                let Some(e) = self.slot(home + i) else {
+                    return Insert::Full;
+                };
+                let k = e.key.load(Ordering::Acquire);
+                if k == key {
+                    let old = e.value.swap(pack(size, device), Ordering::AcqRel);
+                    let (old_size, old_device) = unpack(old);
+                    return Insert::Replaced(old_size, old_device);
+                }
+                if k == EMPTY || k == TOMBSTONE {
+                    free = free.or(Some((e, k)));
+                    if k == EMPTY {
+                        // Nothing was ever stored past here on this probe sequence.
+                        break;
+                    }
+                }
+            }
+            let Some((e, k)) = free else {
                 return Insert::Full;
             };
-            let k = e.key.load(Ordering::Relaxed);
-            if k == key {
-                let old = e.value.swap(pack(size, device), Ordering::AcqRel);
-                let (old_size, old_device) = unpack(old);
-                return Insert::Replaced(old_size, old_device);
-            }
-            if (k == EMPTY || k == TOMBSTONE)
-                && e.key
-                    .compare_exchange(k, RESERVED, Ordering::Acquire, Ordering::Relaxed)
-                    .is_ok()
+            if e.key
+                .compare_exchange(k, RESERVED, Ordering::Acquire, Ordering::Relaxed)
+                .is_ok()
             {
                 e.value.store(pack(size, device), Ordering::Relaxed);
                 e.key.store(key, Ordering::Release);
@@ -229,6 +268,43 @@ mod tests {
             .filter(|k| t.insert(k << 12, 1, 0) == Insert::Full)
             .count();
         assert!(failures >= 4000 - 1024);
+    }
+
+    #[test]
+    fn a_reused_address_behind_a_tombstone_still_replaces_its_stale_entry() {
+        let t = Table::new(1 << 10);
+        assert!(t.map(false));
+        // Same home entry: `b` sits one step behind `a`.
+        let (a, b) = (0x7000_0000u64, 0x7000_0010u64);
+        assert_eq!(t.insert(a, 1, 0), Insert::New);
+        assert_eq!(t.insert(b, 200, 0), Insert::New);
+        assert_eq!(t.remove(a), Some((1, 0)));
+        // `b` freed behind our back and handed out again: the tombstone `a` left in front of
+        // it must not hide the stale entry (a duplicate would keep its charge forever).
+        assert_eq!(t.insert(b, 300, 0), Insert::Replaced(200, 0));
+        assert_eq!(t.remove(b), Some((300, 0)));
+        assert_eq!(t.remove(b), None, "no stale duplicate left behind");
+    }
+
+    #[test]
+    fn dense_handles_all_fit_in_a_scattered_table() {
+        // Counter-like handles (step 1, the C fake) and small-structure handles (step 16,
+        // gpuvisor-sim): thousands live at once, none may overflow the probe bound.
+        for step in [1u64, 16, 64] {
+            let t = Table::new_scattered(1 << 14);
+            assert!(t.map(false));
+            let keys: Vec<u64> = (0..4000u64).map(|i| 0x5151_0000 + i * step).collect();
+            for (i, k) in keys.iter().enumerate() {
+                assert_eq!(
+                    t.insert(*k, i as u64, 0),
+                    Insert::New,
+                    "step {step}, key {i}"
+                );
+            }
+            for (i, k) in keys.iter().enumerate() {
+                assert_eq!(t.remove(*k), Some((i as u64, 0)));
+            }
+        }
     }
 
     #[test]

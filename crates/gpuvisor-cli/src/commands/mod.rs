@@ -1,5 +1,8 @@
 //! One module per command; [`run`] dispatches.
 
+mod doctor;
+mod exec;
+mod explain;
 mod gpus;
 mod plan;
 pub mod ps;
@@ -15,6 +18,11 @@ pub fn run(cli: Cli) -> Result<ExitCode, Failure> {
     match cli.command {
         Command::Plan(args) => plan::run(args),
         Command::Gpus(args) => gpus::run(args),
+        Command::Explain(args) => explain::run(args),
+        Command::Doctor(args) => doctor::run(args),
+        Command::Exec(args) => exec::run(args),
+        Command::ExecChild(args) => Ok(exec::run_child(args)),
+        Command::ExecSample(args) => Ok(exec::run_sampler(args.ledger)),
         Command::Run(args) => run::run(args),
         Command::Ps(args) => ps::ps(args),
         Command::Stop(args) => ps::stop(args),

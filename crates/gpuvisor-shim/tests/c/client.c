@@ -4,14 +4,22 @@
  * The rest of argv is a script; each command prints "<command> rc=<result> [values]":
  *   init | ctx DEV | newctx DEV | info | total DEV | alloc BYTES | pitch W H | managed BYTES
  *   async BYTES | pool BYTES | create DEV BYTES | free-all | fork (child runs the rest, parent
- *   waits and prints "child exit=<status>") | exit
+ *   waits and prints "child exit=<status>") | exec (the same pid runs the rest as a fresh image
+ *   of this program; its CUDA state is gone, as after any exec) | spawn (posix_spawn a new
+ *   process of this program for the rest, wait, print "spawned exit=<status>") | vfork (the
+ *   same through vfork + exec) | pause MS | ptsz-calls (how many calls
+ *   reached the fake driver's _ptsz entry points) | exit
+ * CLIENT_PER_THREAD_STREAM=1: "procaddr" asks for the per-thread-default-stream variants.
  * Build: cc client.c -L<fake dir> -l:libcuda.so.1 -ldl -o client */
 #include <dlfcn.h>
+#include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+extern char **environ;
 
 typedef int CUresult;
 typedef unsigned long long CUdeviceptr;
@@ -56,7 +64,10 @@ static void *get(const char *how, void *lib, const char *versioned, const char *
     if (strcmp(how, "dlsym") == 0) fn = dlsym(lib, versioned);
     else {
         CUresult (*gpa)(const char *, void **, int, unsigned long long, int *) = dlsym(lib, "cuGetProcAddress_v2");
-        if (!gpa || gpa(base, &fn, 12080, 0, NULL)) fn = NULL;
+        /* CLIENT_PER_THREAD_STREAM=1: ask for the per-thread-default-stream variants, as code
+         * built with --default-stream per-thread does. */
+        unsigned long long flags = getenv("CLIENT_PER_THREAD_STREAM") ? 2 : 0;
+        if (!gpa || gpa(base, &fn, 12080, flags, NULL)) fn = NULL;
     }
     if (!fn) { printf("missing %s\n", versioned); exit(65); }
     return fn;
@@ -149,6 +160,35 @@ int main(int argc, char **argv) {
             waitpid(pid, &status, 0);
             printf("child exit=%d\n", WEXITSTATUS(status));
             return 0;
+        } else if (!strcmp(c, "spawn") || !strcmp(c, "vfork")) {
+            char **rest = calloc(argc, sizeof *rest);
+            rest[0] = argv[0];
+            rest[1] = argv[1];
+            for (int k = i + 1; k < argc; k++) rest[k - i + 1] = argv[k];
+            pid_t pid = -1;
+            if (!strcmp(c, "spawn")) {
+                if (posix_spawn(&pid, "/proc/self/exe", NULL, NULL, rest, environ)) pid = -1;
+            } else if ((pid = vfork()) == 0) {
+                execve("/proc/self/exe", rest, environ);
+                _exit(127);
+            }
+            int status = 0;
+            if (pid > 0) waitpid(pid, &status, 0);
+            printf("spawned exit=%d\n", pid > 0 ? WEXITSTATUS(status) : -1);
+            return 0;
+        } else if (!strcmp(c, "exec")) {
+            char **rest = calloc(argc, sizeof *rest);
+            rest[0] = argv[0];
+            rest[1] = argv[1];
+            for (int k = i + 1; k < argc; k++) rest[k - i + 1] = argv[k];
+            execv("/proc/self/exe", rest);
+            printf("exec failed\n");
+            return 66;
+        } else if (!strcmp(c, "pause")) {
+            usleep(1000 * atoi(argv[++i]));
+        } else if (!strcmp(c, "ptsz-calls")) {
+            int *calls = dlsym(RTLD_DEFAULT, "ptsz_calls");
+            printf("ptsz-calls %d\n", calls ? *calls : -1);
         } else if (!strcmp(c, "exit")) return 0;
         else { printf("bad command %s\n", c); return 64; }
     }

@@ -46,6 +46,7 @@ static CUresult give_back(unsigned long long a) {
     if (a == 0) return 1;
     unsigned idx = (a >> 12) % TRACK;
     unsigned long long s = atomic_exchange(&sizes[idx], 0);
+    if (s == 0) return 1; /* not allocated (a double free): CUDA_ERROR_INVALID_VALUE */
     atomic_fetch_sub(&used[atomic_load(&devices_of[idx])], s);
     cached_address = a;
     cached_size = s;
@@ -92,6 +93,11 @@ CUresult cuMemAllocPitch_v2(CUdeviceptr *p, size_t *pitch, size_t w, size_t h, u
     *p = take(*pitch * h, current);
     return 0;
 }
+/* Per-thread-default-stream twins: count calls so tests can see which one the shim reached. */
+_Atomic int ptsz_calls;
+CUresult cuMemAllocAsync_ptsz(CUdeviceptr *p, size_t size, void *s) { (void)s; atomic_fetch_add(&ptsz_calls, 1); return alloc_here(p, size); }
+CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *p, size_t size, void *pool, void *s) { (void)pool; (void)s; atomic_fetch_add(&ptsz_calls, 1); return alloc_here(p, size); }
+CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, void *s) { (void)s; atomic_fetch_add(&ptsz_calls, 1); return give_back(p); }
 CUresult cuMemFree_v2(CUdeviceptr p) { return give_back(p); }
 CUresult cuMemFreeAsync(CUdeviceptr p, void *s) { (void)s; return give_back(p); }
 CUresult cuMemCreate(unsigned long long *h, size_t size, const int *prop, unsigned long long flags) {
@@ -105,10 +111,10 @@ CUresult cuMemCreate(unsigned long long *h, size_t size, const int *prop, unsign
 CUresult cuMemRelease(unsigned long long h) { return h >= 1000 ? 0 : 1; }
 
 CUresult cuGetProcAddress_v2(const char *name, void **fn, int version, unsigned long long flags, int *status);
-static CUresult lookup(const char *name, void **fn, int *status);
+static CUresult lookup(const char *name, void **fn, unsigned long long flags, int *status);
 CUresult cuGetProcAddress(const char *name, void **fn, int version, unsigned long long flags) {
-    (void)version; (void)flags;
-    return lookup(name, fn, NULL);
+    (void)version;
+    return lookup(name, fn, flags, NULL);
 }
 
 /* Base name -> newest entry point (all versions here are >= 3020/12000). */
@@ -136,9 +142,16 @@ static const struct { const char *name; void *fn; } table[] = {
 };
 
 CUresult cuGetProcAddress_v2(const char *name, void **fn, int version, unsigned long long flags, int *status) {
-    (void)version; (void)flags;
-    return lookup(name, fn, status);
+    (void)version;
+    return lookup(name, fn, flags, status);
 }
+
+/* CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM (2): the _ptsz twins where they exist. */
+static const struct { const char *name; void *fn; } per_thread[] = {
+    {"cuMemAllocAsync", (void *)cuMemAllocAsync_ptsz},
+    {"cuMemAllocFromPoolAsync", (void *)cuMemAllocFromPoolAsync_ptsz},
+    {"cuMemFreeAsync", (void *)cuMemFreeAsync_ptsz},
+};
 
 /* With FAKE_INTERNAL_ENTRY_POINTS set, cuGetProcAddress hands out internal functions instead
  * of the exported ones (as a real driver may), so the shim cannot recognise them by address. */
@@ -146,7 +159,16 @@ static CUresult internal_alloc(CUdeviceptr *p, size_t size) { return alloc_here(
 static CUresult internal_free(CUdeviceptr p) { return give_back(p); }
 static CUresult internal_info(size_t *f, size_t *t) { return cuMemGetInfo_v2(f, t); }
 
-static CUresult lookup(const char *name, void **fn, int *status) {
+static CUresult lookup(const char *name, void **fn, unsigned long long flags, int *status) {
+    if (flags & 2) {
+        for (size_t i = 0; i < sizeof per_thread / sizeof per_thread[0]; i++) {
+            if (strcmp(per_thread[i].name, name) == 0) {
+                *fn = per_thread[i].fn;
+                if (status) *status = 0;
+                return 0;
+            }
+        }
+    }
     if (getenv("FAKE_INTERNAL_ENTRY_POINTS")) {
         void *internal = !strcmp(name, "cuMemAlloc") ? (void *)internal_alloc
                        : !strcmp(name, "cuMemFree") ? (void *)internal_free

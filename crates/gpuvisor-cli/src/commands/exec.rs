@@ -1,0 +1,398 @@
+//! `gpuvisor exec`: run one command (and everything it starts) under a GPU memory budget.
+//!
+//! Steps: check the input (nothing starts on bad input, exit 2); create a fresh ledger with one
+//! budget group; write out the embedded shim (and simulator with `--simulate`); start the
+//! command with LD_PRELOAD, the ledger's variables and the framework environment of
+//! `gpuvisor_core::env`; sample the ledger while it runs; print the summary; remove the ledger;
+//! exit with the command's status (128 + signal when it was killed).
+
+mod sampler;
+mod signals;
+mod summary;
+
+pub use sampler::run_sampler;
+
+use std::collections::BTreeMap;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+use std::time::Instant;
+
+use gpuvisor_core::env::replica_env;
+use gpuvisor_core::inventory::{Inventory, SIM_GPUS_ENV};
+use gpuvisor_core::plan::{PlacedDevice, PlannedReplica};
+use gpuvisor_core::size::{parse_size, ByteSize, MIB};
+use gpuvisor_core::spec::{DeviceKind, Enforcement, Framework};
+use gpuvisor_ledger::{
+    DeviceInfo, GroupConfig, Ledger, ENV_CHILDREN_CPU_ONLY, ENV_CPU_ONLY, ENV_GROUP, ENV_LEDGER,
+    ENV_ROOT_PID, NO_LIMIT,
+};
+
+use crate::cli::{ExecArgs, ExecChildArgs};
+use crate::failure::Failure;
+use crate::inventory::load_inventory;
+use crate::shim;
+use sampler::Sampler;
+use summary::Summary;
+
+/// The simulator's shared state file variable (see docs/simulator.md).
+const SIM_STATE_ENV: &str = "GPUVISOR_SIM_STATE";
+
+/// The budget asked for on the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Budget {
+    /// No limit: usage is only recorded.
+    None,
+    /// `--mem`: shared by the whole process tree.
+    Group(u64),
+    /// `--mem-per-process`: each process on its own.
+    PerProcess(u64),
+}
+
+/// Runs `gpuvisor exec`.
+pub fn run(args: ExecArgs) -> Result<ExitCode, Failure> {
+    let _ = signals::block();
+    let budget = parse_budget(&args)?;
+    let framework = parse_framework(&args.framework)?;
+    let simulate = args.inventory.simulate.as_deref();
+    // A CPU-only command needs no GPU, nor a driver to list them.
+    let inventory = match load_inventory(simulate) {
+        Err(_) if args.cpu_only && simulate.is_none() => None,
+        result => Some(result?),
+    };
+    let devices = match &inventory {
+        Some(_) if args.cpu_only => Vec::new(),
+        Some(inventory) => select_gpus(inventory, &args.gpu, budget, args.cpu_only)?,
+        None => Vec::new(),
+    };
+    let libraries = shim::install(simulate.is_some())?;
+
+    // The machine's other GPUs go into the ledger too, with a zero budget: a process that makes
+    // one visible again (resetting CUDA_VISIBLE_DEVICES) is refused there instead of escaping.
+    let fenced: Vec<PlacedDevice> = match &inventory {
+        Some(inventory) if !args.cpu_only => inventory
+            .gpus
+            .iter()
+            .filter(|gpu| !devices.iter().any(|device| device.index == gpu.index))
+            .map(|gpu| PlacedDevice {
+                index: gpu.index,
+                uuid: gpu.uuid.clone(),
+                total_bytes: gpu.total_bytes,
+            })
+            .collect(),
+        _ => Vec::new(),
+    };
+    let ledger_path = runtime_path("ledger");
+    let group = group_config(&args, budget, devices.len(), fenced.len());
+    let ledger_devices: Vec<DeviceInfo> = devices
+        .iter()
+        .chain(&fenced)
+        .map(|gpu| DeviceInfo {
+            uuid: gpu.uuid.clone(),
+            total_bytes: gpu.total_bytes,
+        })
+        .collect();
+    let ledger = Ledger::create(&ledger_path, &ledger_devices, &[group]).map_err(|error| {
+        Failure::unavailable(format!(
+            "cannot create the ledger {}: {error}",
+            ledger_path.display()
+        ))
+    })?;
+    let sim_state = simulate.map(|_| runtime_path("sim"));
+
+    let replica = exec_replica(&args, framework, budget, &devices);
+    let trampoline = std::env::current_exe().map_err(|error| {
+        Failure::unavailable(format!("cannot find the gpuvisor executable: {error}"))
+    })?;
+    let mut command = Command::new(trampoline);
+    command.arg("__exec-child").arg("--").args(&args.command);
+    apply_env(&mut command, &replica, &libraries, &ledger_path, &args);
+    if let (Some(sim_dir), Some(state)) = (&libraries.sim_dir, &sim_state) {
+        command.env(
+            "LD_LIBRARY_PATH",
+            prepend_path(sim_dir, std::env::var_os("LD_LIBRARY_PATH")),
+        );
+        if let Some(inventory) = &inventory {
+            command.env(SIM_GPUS_ENV, inventory.sim_env_value());
+        }
+        command.env(SIM_STATE_ENV, state);
+    }
+
+    let cleanup = |ledger: Ledger| {
+        let _ = ledger.remove();
+        if let Some(state) = &sim_state {
+            let _ = std::fs::remove_file(state);
+        }
+    };
+    let sampler = Sampler::start(&ledger_path);
+    let started = Instant::now();
+    let mut child = match command.spawn() {
+        Ok(child) => child,
+        Err(error) => {
+            let _ = sampler.finish();
+            cleanup(ledger);
+            return Err(Failure::unavailable(format!(
+                "cannot start gpuvisor's exec trampoline: {error}"
+            )));
+        }
+    };
+    signals::forward_to(child.id());
+
+    let child_id = child.id() as i32;
+    let waited = child.wait();
+    let elapsed = started.elapsed();
+    let observed = sampler.finish();
+    cleanup(ledger);
+    let status = waited.map_err(|error| {
+        Failure::unavailable(format!(
+            "cannot wait for `{}` (pid {child_id}): {error}",
+            args.command[0]
+        ))
+    })?;
+
+    let (exit_status, signal) = match (status.code(), status.signal()) {
+        (Some(code), _) => (code, None),
+        (None, Some(signal)) => (128 + signal, Some(signal)),
+        (None, None) => (1, None),
+    };
+    let summary = Summary::new(
+        observed,
+        args.command.clone(),
+        child_id,
+        devices.iter().chain(&fenced).map(|gpu| gpu.index).collect(),
+        devices.len(),
+        exit_status,
+        signal,
+        elapsed,
+    );
+    if args.json {
+        eprintln!(
+            "{}",
+            serde_json::to_string(&summary).map_err(Failure::unavailable)?
+        );
+    } else {
+        eprint!("{}", summary.render());
+    }
+    Ok(ExitCode::from(exit_status.clamp(0, 255) as u8))
+}
+
+/// `gpuvisor __exec-child -- CMD`: unblocks the signals `exec` forwards (blocked in gpuvisor
+/// and inherited), then becomes CMD. Exits 127 / 126 like a shell when CMD cannot be run.
+pub fn run_child(args: ExecChildArgs) -> ExitCode {
+    let _ = signals::unblock();
+    let error = Command::new(&args.command[0])
+        .args(&args.command[1..])
+        .exec();
+    let (code, hint) = match error.kind() {
+        std::io::ErrorKind::NotFound => (127, "check the command's name and PATH"),
+        _ => (126, "check that the command is an executable file"),
+    };
+    eprintln!(
+        "error: cannot start `{}`: {error}\n  hint: {hint}",
+        args.command[0]
+    );
+    ExitCode::from(code)
+}
+
+fn parse_budget(args: &ExecArgs) -> Result<Budget, Failure> {
+    let parse = |flag: &str, text: &str| {
+        let bytes = parse_size(text).map_err(|error| Failure::bad_input(format!("{flag} `{text}` is not a size: {error}\n  hint: write sizes like 12GiB, 800MiB or 12GB")))?;
+        if bytes < MIB {
+            // `--mem 3 GiB` (a space) reads as 3 bytes and runs `GiB`: refuse it.
+            return Err(Failure::bad_input(format!("{flag} `{text}` is {}, less than 1 MiB\n  hint: write the unit without a space, e.g. {flag} {text}GiB", ByteSize(bytes))));
+        }
+        Ok(bytes)
+    };
+    Ok(match (&args.mem, &args.mem_per_process) {
+        (Some(mem), None) => Budget::Group(parse("--mem", mem)?),
+        (None, Some(mem)) => Budget::PerProcess(parse("--mem-per-process", mem)?),
+        (None, None) => Budget::None,
+        (Some(_), Some(_)) => return Err(Failure::bad_input("--mem and --mem-per-process cannot be used together\n  hint: --mem is one budget for the whole process tree, --mem-per-process one for each process; pick one")),
+    })
+}
+
+fn parse_framework(text: &str) -> Result<Framework, Failure> {
+    Framework::ALL
+        .into_iter()
+        .find(|framework| framework.as_str() == text.to_ascii_lowercase())
+        .ok_or_else(|| {
+            let names: Vec<&str> = Framework::ALL
+                .iter()
+                .map(|framework| framework.as_str())
+                .collect();
+            Failure::bad_input(format!(
+                "--framework `{text}` is not a framework gpuvisor knows\n  hint: use one of {}",
+                names.join(", ")
+            ))
+        })
+}
+
+/// The GPUs named by `--gpu`, checked against the inventory and the budget.
+fn select_gpus(
+    inventory: &Inventory,
+    indices: &[u32],
+    budget: Budget,
+    cpu_only: bool,
+) -> Result<Vec<PlacedDevice>, Failure> {
+    let count = inventory.gpus.len();
+    let mut devices: Vec<PlacedDevice> = Vec::new();
+    for &index in indices {
+        let Some(gpu) = inventory.gpus.iter().find(|gpu| gpu.index == index) else {
+            let range = if count == 0 {
+                "none".to_string()
+            } else {
+                format!("0 to {}", count - 1)
+            };
+            return Err(Failure::bad_input(format!("--gpu {index} does not exist: this machine has {count} GPU(s) ({range})\n  hint: pick a GPU listed by `gpuvisor gpus`")));
+        };
+        if devices.iter().any(|device| device.index == index) {
+            return Err(Failure::bad_input(format!(
+                "--gpu {index} is named twice\n  hint: list each GPU once"
+            )));
+        }
+        if let Budget::Group(bytes) | Budget::PerProcess(bytes) = budget {
+            if bytes > gpu.total_bytes && !cpu_only {
+                return Err(Failure::bad_input(format!(
+                    "a budget of {} is more than GPU {index} has ({})\n  hint: ask for at most {}",
+                    ByteSize(bytes),
+                    ByteSize(gpu.total_bytes),
+                    ByteSize(gpu.total_bytes)
+                )));
+            }
+        }
+        devices.push(PlacedDevice {
+            index,
+            uuid: gpu.uuid.clone(),
+            total_bytes: gpu.total_bytes,
+        });
+    }
+    Ok(devices)
+}
+
+/// The one budget group of an `exec`: the budget on the job's `device_count` GPUs, and zero on
+/// the `fenced_count` GPUs after them.
+fn group_config(
+    args: &ExecArgs,
+    budget: Budget,
+    device_count: usize,
+    fenced_count: usize,
+) -> GroupConfig {
+    let mut group = GroupConfig::unlimited("exec");
+    let (group_limit, process_limit) = match budget {
+        Budget::Group(bytes) => (bytes, NO_LIMIT),
+        Budget::PerProcess(bytes) => (NO_LIMIT, bytes),
+        Budget::None => (NO_LIMIT, NO_LIMIT),
+    };
+    let fence = std::iter::repeat_n(0, fenced_count);
+    group.limit_bytes = std::iter::repeat_n(group_limit, device_count)
+        .chain(fence.clone())
+        .collect();
+    group.per_process_limit_bytes = std::iter::repeat_n(process_limit, device_count)
+        .chain(fence)
+        .collect();
+    group.cpu_only = args.cpu_only;
+    group.children_cpu_only = args.children_cpu_only;
+    group
+}
+
+/// The command as a planned replica, so it gets exactly the environment a job-file process with
+/// the same settings would.
+fn exec_replica(
+    args: &ExecArgs,
+    framework: Framework,
+    budget: Budget,
+    devices: &[PlacedDevice],
+) -> PlannedReplica {
+    let budget_bytes = match budget {
+        Budget::Group(bytes) | Budget::PerProcess(bytes) => bytes,
+        Budget::None => devices
+            .iter()
+            .map(|device| device.total_bytes)
+            .min()
+            .unwrap_or(0),
+    };
+    let cpu_only = args.cpu_only;
+    PlannedReplica {
+        process: "exec".to_string(),
+        replica: 0,
+        replicas: 1,
+        framework,
+        device: if cpu_only {
+            DeviceKind::Cpu
+        } else {
+            DeviceKind::Gpu
+        },
+        preallocate: true,
+        children_cpu_only: args.children_cpu_only,
+        gpus: if cpu_only {
+            Vec::new()
+        } else {
+            devices.to_vec()
+        },
+        budget_bytes: if cpu_only { 0 } else { budget_bytes },
+        footprint_bytes: 0,
+        argv: args.command.clone(),
+        cwd: None,
+        user_env: BTreeMap::new(),
+        after: Vec::new(),
+    }
+}
+
+fn apply_env(
+    command: &mut Command,
+    replica: &PlannedReplica,
+    libraries: &shim::Libraries,
+    ledger_path: &Path,
+    args: &ExecArgs,
+) {
+    for var in replica_env(Enforcement::Shim, replica) {
+        match var.value {
+            Some(value) => command.env(&var.name, value),
+            None => command.env_remove(&var.name),
+        };
+    }
+    command.env(
+        "LD_PRELOAD",
+        prepend_path(&libraries.shim, std::env::var_os("LD_PRELOAD")),
+    );
+    command.env(ENV_LEDGER, ledger_path);
+    command.env(ENV_GROUP, "0");
+    command.env_remove(ENV_ROOT_PID);
+    for (name, on) in [
+        (ENV_CPU_ONLY, args.cpu_only),
+        (ENV_CHILDREN_CPU_ONLY, args.children_cpu_only),
+    ] {
+        if on {
+            command.env(name, "1");
+        } else {
+            command.env_remove(name);
+        }
+    }
+}
+
+/// `first:rest` for a colon-separated path list.
+fn prepend_path(first: &Path, rest: Option<std::ffi::OsString>) -> std::ffi::OsString {
+    let mut joined = first.as_os_str().to_owned();
+    if let Some(rest) = rest.filter(|rest| !rest.is_empty()) {
+        joined.push(":");
+        joined.push(rest);
+    }
+    joined
+}
+
+/// A fresh name for a per-run file in /dev/shm (or the temp directory without one).
+fn runtime_path(kind: &str) -> PathBuf {
+    let dir = Path::new("/dev/shm");
+    let dir = if dir.is_dir() {
+        dir.to_path_buf()
+    } else {
+        std::env::temp_dir()
+    };
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |time| time.subsec_nanos());
+    dir.join(format!(
+        "gpuvisor-exec-{}-{nanos:09}-{kind}",
+        std::process::id()
+    ))
+}

@@ -1,0 +1,329 @@
+//! Sampling the ledger while the command runs, in a separate process.
+//!
+//! The shim frees a process's slot when it is reclaimed, so peaks and command lines must be
+//! caught while processes live: the ledger is read every [`SAMPLE_EVERY`]. The reading happens
+//! in `gpuvisor __exec-sample LEDGER` (a child of gpuvisor, see [`run_sampler`]) because the
+//! ledger is a shared mapping that anyone in the job may truncate, and touching a truncated
+//! mapping kills the reader with SIGBUS: that must be the sampler, never gpuvisor. The sampler
+//! prints the merged [`Observed`] state as one JSON line whenever it changes; gpuvisor keeps the
+//! last line ([`Sampler`]), and a sampler killed by a signal means the ledger was damaged.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::fs::FileExt;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitCode, Stdio};
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use gpuvisor_ledger::layout::MAGIC;
+use gpuvisor_ledger::{EventKind, Ledger, LimitKind};
+
+use super::summary::{Denial, Observed, ProcessRecord, MAX_DENIALS_KEPT};
+
+/// The signal a read of a truncated mapping raises (Linux).
+const SIGBUS: i32 = 7;
+
+/// How often the ledger is read while the command runs.
+pub const SAMPLE_EVERY: Duration = Duration::from_millis(50);
+
+/// gpuvisor's handle on its sampler process.
+pub struct Sampler {
+    child: Option<Child>,
+    last_line: Option<JoinHandle<Option<String>>>,
+}
+
+impl Sampler {
+    /// Starts `gpuvisor __exec-sample LEDGER`. When it cannot start, the run goes on and the
+    /// summary says the ledger could not be read.
+    pub fn start(ledger: &Path) -> Sampler {
+        let spawned = std::env::current_exe().and_then(|exe| {
+            Command::new(exe)
+                .arg("__exec-sample")
+                .arg(ledger)
+                .env_remove("LD_PRELOAD")
+                // Its own process group: signals for the job's group (`kill 0`, Ctrl-C) miss it.
+                .process_group(0)
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .spawn()
+        });
+        let mut child = match spawned {
+            Ok(child) => child,
+            Err(error) => {
+                eprintln!("gpuvisor: cannot start the ledger sampler ({error}); the summary will have no usage");
+                return Sampler {
+                    child: None,
+                    last_line: None,
+                };
+            }
+        };
+        let stdout = child.stdout.take().expect("piped stdout");
+        let last_line =
+            std::thread::spawn(move || BufReader::new(stdout).lines().map_while(Result::ok).last());
+        Sampler {
+            child: Some(child),
+            last_line: Some(last_line),
+        }
+    }
+
+    /// Tells the sampler the command has exited (it takes one last sample) and returns what it
+    /// observed.
+    pub fn finish(mut self) -> Observed {
+        let Some(mut child) = self.child.take() else {
+            return Observed {
+                ledger_damaged: true,
+                ..Observed::default()
+            };
+        };
+        drop(child.stdin.take()); // EOF: sample once more and exit
+        let last = self
+            .last_line
+            .take()
+            .and_then(|reader| reader.join().ok())
+            .flatten();
+        let status = child.wait();
+        let mut observed: Observed = last
+            .and_then(|line| serde_json::from_str(&line).ok())
+            .unwrap_or_default();
+        match status.map(|status| status.signal()) {
+            Ok(None) => {}
+            // A read of the truncated shared mapping.
+            Ok(Some(SIGBUS)) => observed.ledger_damaged = true,
+            Ok(Some(signal)) => eprintln!("gpuvisor: the ledger sampler was killed by signal {signal}; usage after that is missing from the summary"),
+            Err(error) => eprintln!("gpuvisor: lost the ledger sampler ({error}); usage may be missing from the summary"),
+        }
+        observed
+    }
+}
+
+/// `gpuvisor __exec-sample LEDGER`: samples until stdin reaches end of file, then once more.
+pub fn run_sampler(ledger_path: PathBuf) -> ExitCode {
+    let mut monitor = Monitor::watching(&ledger_path);
+    let ledger = Ledger::open(&ledger_path).ok();
+    if ledger.is_none() {
+        monitor.observed.ledger_damaged = true;
+    }
+    let (eof, stdin_closed) = mpsc::channel::<()>();
+    std::thread::spawn(move || {
+        let _ = std::io::copy(&mut std::io::stdin(), &mut std::io::sink());
+        let _ = eof.send(());
+    });
+    let mut printed = String::new();
+    let mut stdout = std::io::stdout();
+    let mut last_round = false;
+    loop {
+        if let Some(ledger) = &ledger {
+            monitor.sample(ledger);
+        }
+        let line = serde_json::to_string(&monitor.observed()).unwrap_or_default();
+        if line != printed {
+            // gpuvisor gone: nothing left to report to.
+            if writeln!(stdout, "{line}")
+                .and_then(|()| stdout.flush())
+                .is_err()
+            {
+                return ExitCode::FAILURE;
+            }
+            printed = line;
+        }
+        if last_round {
+            return ExitCode::SUCCESS;
+        }
+        last_round = !matches!(
+            stdin_closed.recv_timeout(SAMPLE_EVERY),
+            Err(RecvTimeoutError::Timeout)
+        );
+    }
+}
+
+/// A record as the sampler keeps it.
+struct Seen {
+    record: ProcessRecord,
+    /// `command` is only the 15-byte process name (its command line was never read).
+    name_only: bool,
+}
+
+/// Merges samples of one ledger.
+struct Monitor {
+    /// The ledger file as opened at the start (its inode) and its size then; `None` once it
+    /// was found damaged.
+    file: Option<(File, u64)>,
+    /// Processes by (pid, start time); start time 0 = known only from an event so far.
+    processes: BTreeMap<(i32, u64), Seen>,
+    next_event: u64,
+    observed: Observed,
+}
+
+/// The command line of `pid`, space-joined, if it is still readable.
+fn command_line(pid: i32) -> Option<String> {
+    let raw = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    let words: Vec<String> = raw
+        .split(|&byte| byte == 0)
+        .filter(|word| !word.is_empty())
+        .map(|word| String::from_utf8_lossy(word).into_owned())
+        .collect();
+    (!words.is_empty()).then(|| words.join(" "))
+}
+
+impl Monitor {
+    fn watching(path: &Path) -> Monitor {
+        let file = File::open(path).ok().and_then(|file| {
+            let length = file.metadata().ok()?.len();
+            Some((file, length))
+        });
+        Monitor {
+            file,
+            processes: BTreeMap::new(),
+            next_event: 0,
+            observed: Observed::default(),
+        }
+    }
+
+    /// Whether the ledger file still has its size and magic (overwritten or truncated files
+    /// are not read again; a truncation racing with a read kills this process, see the module).
+    fn intact(&mut self) -> bool {
+        let Some((file, length)) = &self.file else {
+            return false;
+        };
+        let mut magic = [0u8; 8];
+        let intact = file.metadata().is_ok_and(|meta| meta.len() >= *length)
+            && file.read_exact_at(&mut magic, 0).is_ok()
+            && magic == MAGIC;
+        if !intact {
+            self.file = None;
+            self.observed.ledger_damaged = true;
+        }
+        intact
+    }
+
+    /// The record of `pid` that events should update: the newest one seen for that pid.
+    fn newest_of(&mut self, pid: i32) -> Option<&mut Seen> {
+        self.processes
+            .range_mut((pid, 0)..=(pid, u64::MAX))
+            .next_back()
+            .map(|(_, seen)| seen)
+    }
+
+    fn sample(&mut self, ledger: &Ledger) {
+        if !self.intact() {
+            return;
+        }
+        let snapshot = ledger.snapshot();
+        for process in snapshot.processes {
+            // An event may have introduced this pid before its slot was seen: merge.
+            let placeholder = self.processes.remove(&(process.pid, 0));
+            let seen = self
+                .processes
+                .entry((process.pid, process.start_time))
+                .or_insert_with(|| {
+                    placeholder.unwrap_or(Seen {
+                        record: ProcessRecord {
+                            pid: process.pid,
+                            command: String::new(),
+                            peak_bytes: Vec::new(),
+                            denied_count: 0,
+                            cpu_only_violation: false,
+                        },
+                        name_only: true,
+                    })
+                });
+            if seen.record.command.is_empty() || seen.name_only {
+                match command_line(process.pid) {
+                    Some(command) => {
+                        seen.record.command = command;
+                        seen.name_only = false;
+                    }
+                    None if seen.record.command.is_empty() => {
+                        seen.record.command = process.name.clone()
+                    }
+                    None => {}
+                }
+            }
+            seen.record.peak_bytes.resize(
+                process.peak_bytes.len().max(seen.record.peak_bytes.len()),
+                0,
+            );
+            for (peak, now) in seen.record.peak_bytes.iter_mut().zip(&process.peak_bytes) {
+                *peak = (*peak).max(*now);
+            }
+            seen.record.denied_count = seen.record.denied_count.max(process.denied_count);
+            seen.record.cpu_only_violation |= process.cpu_only_violation;
+        }
+        let batch = ledger.events_since(self.next_event);
+        self.next_event = batch.next_seq;
+        self.observed.events_lost += batch.lost;
+        for event in batch.events {
+            match event.kind {
+                EventKind::AllocationDenied {
+                    device,
+                    size_bytes,
+                    used_bytes,
+                    limit_bytes,
+                    limit_kind,
+                } => {
+                    self.observed.denials_total += 1;
+                    if self.observed.denials.len() < MAX_DENIALS_KEPT {
+                        let limit = match limit_kind {
+                            LimitKind::Process => "process",
+                            LimitKind::Group => "group",
+                        };
+                        self.observed.denials.push(Denial {
+                            pid: event.pid,
+                            device,
+                            size_bytes,
+                            used_bytes,
+                            limit_bytes,
+                            limit: limit.to_string(),
+                        });
+                    }
+                }
+                EventKind::CpuOnlyViolation { executable } => {
+                    let pid = event.pid;
+                    if self.newest_of(pid).is_none() {
+                        let command = command_line(pid);
+                        let name_only = command.is_none() && executable.is_empty();
+                        let record = ProcessRecord {
+                            pid,
+                            command: command.unwrap_or_else(|| executable.clone()),
+                            peak_bytes: Vec::new(),
+                            denied_count: 0,
+                            cpu_only_violation: false,
+                        };
+                        self.processes.insert((pid, 0), Seen { record, name_only });
+                    }
+                    let seen = self.newest_of(pid).expect("just inserted");
+                    seen.record.cpu_only_violation = true;
+                    // The executable's path says more than the 15-byte name.
+                    if seen.name_only && !executable.is_empty() {
+                        seen.record.command = executable;
+                        seen.name_only = false;
+                    }
+                }
+            }
+        }
+    }
+
+    /// The merged state, processes by pid, denial counts from the events.
+    fn observed(&self) -> Observed {
+        let mut observed = self.observed.clone();
+        observed.processes = self
+            .processes
+            .values()
+            .map(|seen| {
+                let mut record = seen.record.clone();
+                let denied = observed
+                    .denials
+                    .iter()
+                    .filter(|denial| denial.pid == record.pid)
+                    .count() as u64;
+                record.denied_count = record.denied_count.max(denied);
+                record
+            })
+            .collect();
+        observed
+    }
+}

@@ -1,0 +1,313 @@
+//! What `gpuvisor exec` learned about the processes it ran ([`Observed`], gathered by the
+//! sampler), and the summary printed when the command exits, as a table or JSON.
+
+use std::time::Duration;
+
+use gpuvisor_core::size::ByteSize;
+use serde::{Deserialize, Serialize};
+
+use crate::table::Table;
+
+/// Refusals kept in detail; later ones are only counted.
+pub const MAX_DENIALS_KEPT: usize = 1000;
+
+/// One process seen in the ledger.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ProcessRecord {
+    /// Process id.
+    pub pid: i32,
+    /// Its command line (from /proc while it ran), its executable's path, or at worst its
+    /// 15-byte name when it was never seen alive.
+    pub command: String,
+    /// Highest bytes charged, per device of the job.
+    pub peak_bytes: Vec<u64>,
+    /// Allocations refused.
+    pub denied_count: u64,
+    /// Tried CUDA while CPU-only.
+    pub cpu_only_violation: bool,
+}
+
+/// A refused allocation.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Denial {
+    /// Process id.
+    pub pid: i32,
+    /// Device index in the job (position in `--gpu`).
+    pub device: u32,
+    /// Bytes asked for.
+    pub size_bytes: u64,
+    /// Bytes in use under the limit that refused it.
+    pub used_bytes: u64,
+    /// That limit.
+    pub limit_bytes: u64,
+    /// `process` or `group`.
+    pub limit: String,
+}
+
+/// Everything seen in the ledger during one run.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Observed {
+    /// Every process that registered with the ledger or was refused, by pid.
+    pub processes: Vec<ProcessRecord>,
+    /// Refused allocations, oldest first (the first [`MAX_DENIALS_KEPT`]).
+    pub denials: Vec<Denial>,
+    /// All refused allocations, kept or not.
+    pub denials_total: u64,
+    /// Events overwritten in the ledger's ring before they were read.
+    pub events_lost: u64,
+    /// The ledger file was truncated or overwritten during the run (usage after that unknown).
+    pub ledger_damaged: bool,
+}
+
+/// Everything the summary prints.
+#[derive(Debug, Clone, Serialize)]
+pub struct Summary {
+    /// The command as given.
+    pub command: Vec<String>,
+    /// Its exit status as gpuvisor exits with it (128 + signal when killed).
+    pub exit_status: i32,
+    /// The signal that killed it, if one did.
+    pub signal: Option<i32>,
+    /// Seconds it ran.
+    pub seconds: f64,
+    /// The GPUs of the job (NVML indices).
+    pub gpus: Vec<u32>,
+    /// The NVML index of every device in the ledger: the job's GPUs, then the machine's other
+    /// GPUs, which the ledger fences off with a zero budget.
+    #[serde(skip)]
+    ledger_gpus: Vec<u32>,
+    /// Every process that registered with the ledger or was refused, by pid.
+    pub processes: Vec<ProcessRecord>,
+    /// Refused allocations, oldest first (at most [`MAX_DENIALS_KEPT`]).
+    pub denials: Vec<Denial>,
+    /// All refused allocations.
+    pub denials_total: u64,
+    /// Events overwritten in the ledger's ring before they were read.
+    pub events_lost: u64,
+    /// The ledger file was truncated or overwritten during the run.
+    pub ledger_damaged: bool,
+}
+
+impl Summary {
+    /// The summary of a run: what was observed, the command's outcome, and its command line
+    /// for its own pid (it may have exited before a sample could read it from /proc).
+    /// `ledger_gpus` maps ledger device positions to NVML indices; the first `job_gpu_count`
+    /// are the job's GPUs.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        mut observed: Observed,
+        command: Vec<String>,
+        child_pid: i32,
+        ledger_gpus: Vec<u32>,
+        job_gpu_count: usize,
+        exit_status: i32,
+        signal: Option<i32>,
+        elapsed: Duration,
+    ) -> Summary {
+        for record in observed
+            .processes
+            .iter_mut()
+            .filter(|record| record.pid == child_pid)
+        {
+            record.command = command.join(" ");
+        }
+        // Fenced GPUs have a zero budget, so nothing can peak there: only the job's GPUs show.
+        for record in &mut observed.processes {
+            record.peak_bytes.truncate(job_gpu_count);
+        }
+        let gpus = ledger_gpus[..job_gpu_count.min(ledger_gpus.len())].to_vec();
+        Summary {
+            command,
+            exit_status,
+            signal,
+            seconds: elapsed.as_secs_f64(),
+            gpus,
+            ledger_gpus,
+            processes: observed.processes,
+            denials: observed.denials,
+            denials_total: observed.denials_total,
+            events_lost: observed.events_lost,
+            ledger_damaged: observed.ledger_damaged,
+        }
+    }
+
+    /// The human summary (for stderr).
+    pub fn render(&self) -> String {
+        let status = match self.signal {
+            Some(signal) => format!(
+                "was killed by signal {signal} (exit status {})",
+                self.exit_status
+            ),
+            None => format!("exited with status {}", self.exit_status),
+        };
+        let mut out = format!(
+            "gpuvisor: `{}` {status} after {:.1} s\n",
+            self.command.join(" "),
+            self.seconds
+        );
+        let gpu_processes: Vec<&ProcessRecord> = self
+            .processes
+            .iter()
+            .filter(|record| {
+                !record.cpu_only_violation || record.peak_bytes.iter().any(|&bytes| bytes > 0)
+            })
+            .collect();
+        if gpu_processes.is_empty() {
+            out.push_str("  no process used a GPU\n");
+        } else {
+            let peak_header = match self.gpus.as_slice() {
+                [gpu] => format!("PEAK (GPU {gpu})"),
+                gpus => format!(
+                    "PEAK (GPUs {})",
+                    gpus.iter()
+                        .map(u32::to_string)
+                        .collect::<Vec<_>>()
+                        .join(",")
+                ),
+            };
+            let mut table = Table::new(&["PID", &peak_header, "DENIED", "COMMAND"]);
+            for record in gpu_processes {
+                let peaks: Vec<String> = record
+                    .peak_bytes
+                    .iter()
+                    .map(|bytes| ByteSize(*bytes).to_string())
+                    .collect();
+                table.row(vec![
+                    record.pid.to_string(),
+                    peaks.join(", "),
+                    record.denied_count.to_string(),
+                    record.command.clone(),
+                ]);
+            }
+            out.push_str(&table.render("  "));
+        }
+        if !self.denials.is_empty() {
+            out.push_str(&format!("  denied allocations: {}\n", self.denials_total));
+            for denial in self.denials.iter().take(10) {
+                let gpu = self
+                    .ledger_gpus
+                    .get(denial.device as usize)
+                    .copied()
+                    .unwrap_or(denial.device);
+                let why = if (denial.device as usize) >= self.gpus.len() {
+                    "not one of this job's GPUs".to_string()
+                } else {
+                    format!(
+                        "{} in use of a {} {} limit",
+                        ByteSize(denial.used_bytes),
+                        ByteSize(denial.limit_bytes),
+                        denial.limit
+                    )
+                };
+                out.push_str(&format!(
+                    "    pid {}: {} refused on GPU {gpu} ({why})\n",
+                    denial.pid,
+                    ByteSize(denial.size_bytes),
+                ));
+            }
+            if self.denials_total > 10 {
+                out.push_str(&format!("    ... and {} more\n", self.denials_total - 10));
+            }
+        }
+        let violators: Vec<&ProcessRecord> = self
+            .processes
+            .iter()
+            .filter(|record| record.cpu_only_violation)
+            .collect();
+        if !violators.is_empty() {
+            out.push_str(&format!(
+                "  CPU-only violations: {} process(es) tried to use CUDA and were refused\n",
+                violators.len()
+            ));
+            for record in violators {
+                out.push_str(&format!("    pid {}: {}\n", record.pid, record.command));
+            }
+        }
+        if self.ledger_damaged {
+            out.push_str("  the ledger file was truncated or overwritten during the run: usage after that is unknown, and the shim let every call through\n");
+        }
+        if self.events_lost > 0 {
+            out.push_str(&format!(
+                "  ({} events were lost: the ledger's event ring overflowed)\n",
+                self.events_lost
+            ));
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn denial(pid: i32) -> Denial {
+        Denial {
+            pid,
+            device: 1,
+            size_bytes: 2 << 30,
+            used_bytes: 3 << 30,
+            limit_bytes: 4 << 30,
+            limit: "group".to_string(),
+        }
+    }
+
+    #[test]
+    fn renders_peaks_per_gpu_denials_and_violators() {
+        let observed = Observed {
+            processes: vec![
+                ProcessRecord {
+                    pid: 10,
+                    command: "old name".into(),
+                    peak_bytes: vec![1 << 30, 3 << 30],
+                    denied_count: 0,
+                    cpu_only_violation: false,
+                },
+                ProcessRecord {
+                    pid: 11,
+                    command: "worker.py".into(),
+                    peak_bytes: vec![0, 0],
+                    denied_count: 12,
+                    cpu_only_violation: false,
+                },
+                ProcessRecord {
+                    pid: 12,
+                    command: "/usr/bin/python3 collect.py".into(),
+                    peak_bytes: vec![],
+                    denied_count: 0,
+                    cpu_only_violation: true,
+                },
+            ],
+            denials: (0..12).map(|_| denial(11)).collect(),
+            denials_total: 12,
+            events_lost: 0,
+            ledger_damaged: false,
+        };
+        let command = vec!["python".to_string(), "train.py".to_string()];
+        let summary = Summary::new(
+            observed,
+            command,
+            10,
+            vec![3, 5],
+            2,
+            0,
+            None,
+            Duration::from_millis(1500),
+        );
+        let text = summary.render();
+        let expected = "\
+gpuvisor: `python train.py` exited with status 0 after 1.5 s
+  PID  PEAK (GPUs 3,5)   DENIED  COMMAND
+  10   1.0 GiB, 3.0 GiB  0       python train.py
+  11   0 B, 0 B          12      worker.py
+  denied allocations: 12
+";
+        assert!(text.starts_with(expected), "{text}");
+        assert_eq!(
+            text.matches("refused on GPU 5 (3.0 GiB in use of a 4.0 GiB group limit)")
+                .count(),
+            10
+        );
+        assert!(text.contains("    ... and 2 more\n"), "{text}");
+        assert!(text.ends_with("  CPU-only violations: 1 process(es) tried to use CUDA and were refused\n    pid 12: /usr/bin/python3 collect.py\n"), "{text}");
+    }
+}

@@ -1,0 +1,312 @@
+/* A scriptable CUDA driver client for gpuvisor's end-to-end tests.
+ *
+ * Built three ways, one per way frameworks reach the driver:
+ *   -DLOAD_LINKED    linked with -lcuda (symbols bound by the dynamic linker)
+ *   -DLOAD_DLOPEN    dlopen("libcuda.so.1") + dlsym of each versioned symbol (JAX's plugin)
+ *   -DLOAD_PROCADDR  dlsym of cuGetProcAddress_v2 only, everything else through it by base
+ *                    name and CUDA version (the CUDA runtime since 11.3)
+ *
+ * argv is a script of commands run in order; every result is printed as one line
+ * "<pid> <command> [<argument>] rc=<CUresult> [<values>]" so tests can assert on it.
+ * Commands:
+ *   init                 cuInit(0)
+ *   ctx N                retain device N's primary context and make it current
+ *   newctx N             cuCtxCreate on device N (made current)
+ *   count | uuid | total | info
+ *   alloc SIZE | alloc-managed SIZE | alloc-async SIZE | alloc-pool SIZE | create SIZE
+ *   alloc-pitch WIDTH HEIGHT
+ *   free-last | free-all
+ *   touch PATH | wait-file PATH (barriers between processes) | sleep MS
+ *   touch-pid DIR | wait-count DIR N   (barrier for forked children: each creates DIR/<pid>,
+ *                                       then waits until DIR holds N entries)
+ *   spawn N              fork N children that run the rest of the script; the parent waits
+ *                        and exits 0 only if all of them exited 0
+ *   kill-self            raise(SIGKILL)
+ *   bench N SIZE         N x (cuMemAlloc_v2 + cuMemFree_v2); prints ns per pair
+ *   prealloc FRACTION    like XLA: allocate FRACTION x the total cuMemGetInfo reports
+ * SIZE is bytes or a number with KiB/MiB/GiB. The exit status is 0 unless a command is
+ * malformed (64) or a function could not be loaded (65).
+ */
+#include <dirent.h>
+#include <dlfcn.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+typedef int CUresult;
+typedef int CUdevice;
+typedef unsigned long long CUdeviceptr;
+typedef void *CUcontext;
+typedef void *CUstream;
+typedef void *CUmemoryPool;
+typedef unsigned long long CUmemGenericAllocationHandle;
+
+/* CUmemAllocationProp with the fields the test sets; the rest stays zero. */
+typedef struct {
+    int type;                 /* CU_MEM_ALLOCATION_TYPE_PINNED = 1 */
+    int requested_handle_types;
+    struct { int type; int id; } location; /* CU_MEM_LOCATION_TYPE_DEVICE = 1 */
+    void *win32_handle_meta_data;
+    struct { unsigned char compression_type, gpu_direct_rdma_capable; unsigned short usage; unsigned char reserved[4]; } alloc_flags;
+} CUmemAllocationProp;
+
+#define FUNCTIONS(X)                                                                       \
+    X(cuInit, "cuInit", CUresult, (unsigned int))                                          \
+    X(cuDeviceGetCount, "cuDeviceGetCount", CUresult, (int *))                             \
+    X(cuDeviceGet, "cuDeviceGet", CUresult, (CUdevice *, int))                             \
+    X(cuDeviceGetUuid_v2, "cuDeviceGetUuid", CUresult, (unsigned char *, CUdevice))        \
+    X(cuDeviceTotalMem_v2, "cuDeviceTotalMem", CUresult, (size_t *, CUdevice))             \
+    X(cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", CUresult, (CUcontext *, CUdevice)) \
+    X(cuCtxCreate_v2, "cuCtxCreate", CUresult, (CUcontext *, unsigned int, CUdevice))     \
+    X(cuCtxSetCurrent, "cuCtxSetCurrent", CUresult, (CUcontext))                           \
+    X(cuMemAlloc_v2, "cuMemAlloc", CUresult, (CUdeviceptr *, size_t))                      \
+    X(cuMemAllocManaged, "cuMemAllocManaged", CUresult, (CUdeviceptr *, size_t, unsigned int)) \
+    X(cuMemAllocPitch_v2, "cuMemAllocPitch", CUresult, (CUdeviceptr *, size_t *, size_t, size_t, unsigned int)) \
+    X(cuMemAllocAsync, "cuMemAllocAsync", CUresult, (CUdeviceptr *, size_t, CUstream))     \
+    X(cuMemAllocFromPoolAsync, "cuMemAllocFromPoolAsync", CUresult, (CUdeviceptr *, size_t, CUmemoryPool, CUstream)) \
+    X(cuDeviceGetDefaultMemPool, "cuDeviceGetDefaultMemPool", CUresult, (CUmemoryPool *, CUdevice)) \
+    X(cuMemFree_v2, "cuMemFree", CUresult, (CUdeviceptr))                                  \
+    X(cuMemFreeAsync, "cuMemFreeAsync", CUresult, (CUdeviceptr, CUstream))                 \
+    X(cuMemCreate, "cuMemCreate", CUresult, (CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *, unsigned long long)) \
+    X(cuMemRelease, "cuMemRelease", CUresult, (CUmemGenericAllocationHandle))              \
+    X(cuMemGetInfo_v2, "cuMemGetInfo", CUresult, (size_t *, size_t *))
+
+/* The versioned symbol each function has in libcuda.so.1 is its C name. */
+#define DECLARE_POINTER(name, base, ret, args) static ret(*p_##name) args;
+FUNCTIONS(DECLARE_POINTER)
+
+#if defined(LOAD_LINKED)
+#define DECLARE_EXTERN(name, base, ret, args) extern ret name args;
+FUNCTIONS(DECLARE_EXTERN)
+#define LOAD_ONE(name, base, ret, args) p_##name = name;
+static const char *loading = "linked";
+static int load(void) { FUNCTIONS(LOAD_ONE) return 0; }
+#elif defined(LOAD_DLOPEN)
+#define LOAD_ONE(name, base, ret, args)                                                    \
+    if (!(*(void **)&p_##name = dlsym(library, #name))) { fprintf(stderr, "dlsym %s failed\n", #name); return -1; }
+static const char *loading = "dlopen";
+static int load(void) {
+    void *library = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
+    if (!library) { fprintf(stderr, "dlopen failed: %s\n", dlerror()); return -1; }
+    FUNCTIONS(LOAD_ONE)
+    return 0;
+}
+#elif defined(LOAD_PROCADDR)
+typedef CUresult (*get_proc_address_fn)(const char *, void **, int, unsigned long long, int *);
+#define LOAD_ONE(name, base, ret, args)                                                    \
+    if (get_proc_address(base, (void **)&p_##name, 12080, 0, &status) != 0 || status != 0) { \
+        fprintf(stderr, "cuGetProcAddress %s failed (status %d)\n", base, status); return -1; }
+static const char *loading = "procaddr";
+static int load(void) {
+    void *library = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
+    if (!library) { fprintf(stderr, "dlopen failed: %s\n", dlerror()); return -1; }
+    get_proc_address_fn get_proc_address = (get_proc_address_fn)dlsym(library, "cuGetProcAddress_v2");
+    if (!get_proc_address) { fprintf(stderr, "dlsym cuGetProcAddress_v2 failed\n"); return -1; }
+    int status = -1;
+    FUNCTIONS(LOAD_ONE)
+    return 0;
+}
+#else
+#error "define LOAD_LINKED, LOAD_DLOPEN or LOAD_PROCADDR"
+#endif
+
+enum kind { DEVICE_POINTER, VMM_HANDLE };
+struct allocation { enum kind kind; unsigned long long value; };
+static struct allocation allocations[4096];
+static int allocation_count;
+
+static unsigned long long parse_size(const char *text) {
+    char *unit;
+    double value = strtod(text, &unit);
+    unsigned long long multiplier = 1;
+    if (!strcasecmp(unit, "KiB")) multiplier = 1ULL << 10;
+    else if (!strcasecmp(unit, "MiB")) multiplier = 1ULL << 20;
+    else if (!strcasecmp(unit, "GiB")) multiplier = 1ULL << 30;
+    else if (*unit) { fprintf(stderr, "bad size %s\n", text); exit(64); }
+    return (unsigned long long)(value * (double)multiplier);
+}
+
+static const char *need(int argc, char **argv, int i) {
+    if (i >= argc) { fprintf(stderr, "%s needs an argument\n", argv[i - 1]); exit(64); }
+    return argv[i];
+}
+
+static void remember(enum kind kind, unsigned long long value) {
+    if (allocation_count < 4096) allocations[allocation_count++] = (struct allocation){kind, value};
+}
+
+static CUresult release(struct allocation a) {
+    return a.kind == VMM_HANDLE ? p_cuMemRelease(a.value) : p_cuMemFree_v2(a.value);
+}
+
+static int count_entries(const char *path) {
+    DIR *dir = opendir(path);
+    int count = 0;
+    if (!dir) return 0;
+    for (struct dirent *entry; (entry = readdir(dir));) {
+        if (entry->d_name[0] != '.') count++;
+    }
+    closedir(dir);
+    return count;
+}
+
+static int run(int argc, char **argv, int start) {
+    pid_t pid = getpid();
+    for (int i = start; i < argc; i++) {
+        const char *command = argv[i];
+        CUresult rc = 0;
+        if (!strcmp(command, "init")) {
+            printf("%d init rc=%d %s\n", pid, p_cuInit(0), loading);
+        } else if (!strcmp(command, "ctx") || !strcmp(command, "newctx")) {
+            int ordinal = atoi(need(argc, argv, ++i));
+            CUdevice device;
+            CUcontext context = 0;
+            rc = p_cuDeviceGet(&device, ordinal);
+            if (rc == 0 && command[0] == 'c') {
+                rc = p_cuDevicePrimaryCtxRetain(&context, device);
+                if (rc == 0) rc = p_cuCtxSetCurrent(context);
+            } else if (rc == 0) {
+                rc = p_cuCtxCreate_v2(&context, 0, device);
+            }
+            printf("%d %s %d rc=%d\n", pid, command, ordinal, rc);
+        } else if (!strcmp(command, "count")) {
+            int count = -1;
+            rc = p_cuDeviceGetCount(&count);
+            printf("%d count rc=%d %d\n", pid, rc, count);
+        } else if (!strcmp(command, "uuid")) {
+            unsigned char uuid[16] = {0};
+            rc = p_cuDeviceGetUuid_v2(uuid, 0);
+            printf("%d uuid rc=%d GPU-", pid, rc);
+            for (int b = 0; b < 16; b++) printf("%s%02x", (b == 4 || b == 6 || b == 8 || b == 10) ? "-" : "", uuid[b]);
+            printf("\n");
+        } else if (!strcmp(command, "total")) {
+            size_t total = 0;
+            rc = p_cuDeviceTotalMem_v2(&total, 0);
+            printf("%d total rc=%d %zu\n", pid, rc, total);
+        } else if (!strcmp(command, "info")) {
+            size_t free_bytes = 0, total = 0;
+            rc = p_cuMemGetInfo_v2(&free_bytes, &total);
+            printf("%d info rc=%d free=%zu total=%zu\n", pid, rc, free_bytes, total);
+        } else if (!strncmp(command, "alloc", 5) || !strcmp(command, "create")) {
+            const char *argument = need(argc, argv, ++i);
+            unsigned long long bytes = parse_size(argument), value = 0;
+            if (!strcmp(command, "alloc")) {
+                rc = p_cuMemAlloc_v2(&value, bytes);
+            } else if (!strcmp(command, "alloc-managed")) {
+                rc = p_cuMemAllocManaged(&value, bytes, 1);
+            } else if (!strcmp(command, "alloc-async")) {
+                rc = p_cuMemAllocAsync(&value, bytes, 0);
+            } else if (!strcmp(command, "alloc-pool")) {
+                CUmemoryPool pool = 0;
+                rc = p_cuDeviceGetDefaultMemPool(&pool, 0);
+                if (rc == 0) rc = p_cuMemAllocFromPoolAsync(&value, bytes, pool, 0);
+            } else if (!strcmp(command, "alloc-pitch")) {
+                size_t pitch = 0, height = (size_t)parse_size(need(argc, argv, ++i));
+                rc = p_cuMemAllocPitch_v2(&value, &pitch, bytes, height, 4);
+                bytes = pitch * height;
+            } else if (!strcmp(command, "create")) {
+                CUmemAllocationProp prop;
+                memset(&prop, 0, sizeof prop);
+                prop.type = 1;
+                prop.location.type = 1;
+                prop.location.id = 0;
+                rc = p_cuMemCreate(&value, bytes, &prop, 0);
+            } else {
+                fprintf(stderr, "unknown command %s\n", command);
+                return 64;
+            }
+            if (rc == 0) remember(!strcmp(command, "create") ? VMM_HANDLE : DEVICE_POINTER, value);
+            printf("%d %s %llu rc=%d\n", pid, command, bytes, rc);
+        } else if (!strcmp(command, "free-last")) {
+            rc = allocation_count ? release(allocations[--allocation_count]) : 1;
+            printf("%d free-last rc=%d\n", pid, rc);
+        } else if (!strcmp(command, "free-all")) {
+            while (allocation_count && rc == 0) rc = release(allocations[--allocation_count]);
+            printf("%d free-all rc=%d\n", pid, rc);
+        } else if (!strcmp(command, "touch")) {
+            FILE *file = fopen(need(argc, argv, ++i), "w");
+            if (file) fclose(file);
+        } else if (!strcmp(command, "wait-file")) {
+            const char *path = need(argc, argv, ++i);
+            struct stat info;
+            struct timespec pause = {0, 5 * 1000 * 1000};
+            for (int tries = 0; stat(path, &info) != 0; tries++) {
+                if (tries > 12000) { fprintf(stderr, "timed out waiting for %s\n", path); return 66; }
+                nanosleep(&pause, 0);
+            }
+        } else if (!strcmp(command, "touch-pid")) {
+            char path[4096];
+            snprintf(path, sizeof path, "%s/%d", need(argc, argv, ++i), (int)pid);
+            FILE *file = fopen(path, "w");
+            if (file) fclose(file);
+        } else if (!strcmp(command, "wait-count")) {
+            const char *path = need(argc, argv, ++i);
+            int wanted = atoi(need(argc, argv, ++i));
+            struct timespec pause = {0, 5 * 1000 * 1000};
+            for (int tries = 0; count_entries(path) < wanted; tries++) {
+                if (tries > 12000) { fprintf(stderr, "timed out waiting for %d entries in %s\n", wanted, path); return 66; }
+                nanosleep(&pause, 0);
+            }
+        } else if (!strcmp(command, "sleep")) {
+            long ms = atol(need(argc, argv, ++i));
+            struct timespec pause = {ms / 1000, (ms % 1000) * 1000000L};
+            nanosleep(&pause, 0);
+        } else if (!strcmp(command, "spawn")) {
+            int children = atoi(need(argc, argv, ++i)), failed = 0;
+            fflush(stdout);
+            for (int c = 0; c < children; c++) {
+                pid_t child = fork();
+                if (child == 0) exit(run(argc, argv, i + 1));
+            }
+            for (int c = 0; c < children; c++) {
+                int status = 0;
+                wait(&status);
+                if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) failed++;
+            }
+            printf("%d spawn rc=%d\n", pid, failed);
+            return failed ? 1 : 0;
+        } else if (!strcmp(command, "prealloc")) {
+            double fraction = atof(need(argc, argv, ++i));
+            size_t free_bytes = 0, total = 0;
+            unsigned long long value = 0, bytes = 0;
+            rc = p_cuMemGetInfo_v2(&free_bytes, &total);
+            if (rc == 0) {
+                bytes = (unsigned long long)((double)total * fraction);
+                rc = p_cuMemAlloc_v2(&value, bytes);
+                if (rc == 0) remember(DEVICE_POINTER, value);
+            }
+            printf("%d prealloc %llu rc=%d total=%zu\n", pid, bytes, rc, total);
+        } else if (!strcmp(command, "bench")) {
+            long pairs = atol(need(argc, argv, ++i));
+            unsigned long long bytes = parse_size(need(argc, argv, ++i)), value = 0;
+            struct timespec start, end;
+            clock_gettime(CLOCK_MONOTONIC, &start);
+            for (long n = 0; n < pairs && rc == 0; n++) {
+                rc = p_cuMemAlloc_v2(&value, bytes);
+                if (rc == 0) rc = p_cuMemFree_v2(value);
+            }
+            clock_gettime(CLOCK_MONOTONIC, &end);
+            double ns = (end.tv_sec - start.tv_sec) * 1e9 + (end.tv_nsec - start.tv_nsec);
+            printf("%d bench %ld rc=%d ns_per_pair=%.0f\n", pid, pairs, rc, pairs ? ns / pairs : 0.0);
+            fflush(stdout);
+            raise(SIGKILL);
+        } else {
+            fprintf(stderr, "unknown command %s\n", command);
+            return 64;
+        }
+        fflush(stdout);
+    }
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    setvbuf(stdout, 0, _IOLBF, 0);
+    if (load() != 0) return 65;
+    return run(argc, argv, 1);
+}

@@ -1,0 +1,461 @@
+//! Gathers doctor's facts: NVML (or a simulated inventory), /proc, statvfs, a short Python run
+//! and the environment. Every source may be missing; what cannot be read is recorded as such.
+
+use std::io::Read;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use gpuvisor_core::inventory::{simulate, SimulateError};
+use nvml_wrapper::enum_wrappers::device::{ComputeMode, EccCounter, MemoryError};
+use nvml_wrapper::enums::device::UsedGpuMemory;
+use nvml_wrapper::error::NvmlError;
+use nvml_wrapper::Nvml;
+
+use super::checks::is_relevant_env;
+use super::facts::{Driver, Facts, FsUsage, GpuFacts, GpuProcessFacts, Python, PythonInfo};
+
+/// What to look at.
+#[derive(Debug, Clone)]
+pub struct ProbeOptions {
+    /// Check this simulated inventory instead of NVML.
+    pub simulate: Option<String>,
+    /// The Python interpreter to ask about frameworks.
+    pub python: String,
+    /// How long Python may take.
+    pub python_timeout: Duration,
+    /// Paths whose free space to check.
+    pub paths: Vec<PathBuf>,
+}
+
+/// Reads the frameworks' versions and CUDA builds without importing them (importing torch
+/// takes seconds and may initialise CUDA): package metadata, torch/version.py and
+/// tensorflow's build_info.py are read as text.
+const PYTHON_PROBE: &str = r#"
+import json, os, re, sys
+from importlib import metadata, util
+out = {"executable": sys.executable, "version": sys.version.split()[0], "packages": {}}
+for name in ("jax", "jaxlib", "jax-cuda12-plugin", "jax-cuda12-pjrt", "jax-cuda13-plugin",
+             "jax-cuda13-pjrt", "torch", "tensorflow"):
+    try:
+        out["packages"][name] = metadata.version(name)
+    except Exception:
+        pass
+def package_file(package, *parts):
+    try:
+        spec = util.find_spec(package)
+    except Exception:
+        return ""
+    if spec is None or not spec.submodule_search_locations:
+        return ""
+    try:
+        with open(os.path.join(list(spec.submodule_search_locations)[0], *parts)) as f:
+            return f.read()
+    except OSError:
+        return ""
+torch_version = package_file("torch", "version.py")
+m = re.search(r"^cuda\b[^=\n]*=\s*['\"]([^'\"]+)['\"]", torch_version, re.M)
+out["torch_cuda"] = m.group(1) if m else None
+m = re.search(r"^hip\b[^=\n]*=\s*['\"]([^'\"]+)['\"]", torch_version, re.M)
+out["torch_hip"] = m.group(1) if m else None
+m = re.search(r"['\"]cuda_version['\"]\s*:\s*['\"]([^'\"]+)['\"]",
+              package_file("tensorflow", "python", "platform", "build_info.py"))
+out["tensorflow_cuda"] = m.group(1) if m else None
+print(json.dumps(out))
+"#;
+
+/// Gathers everything. Fails only on a bad `--simulate` spec (bad input).
+pub fn gather(options: &ProbeOptions) -> Result<Facts, SimulateError> {
+    let (driver, gpus) = match &options.simulate {
+        Some(spec) => simulated(spec)?,
+        None => match nvml_facts() {
+            Ok(found) => found,
+            Err(error) => (
+                Driver::Missing {
+                    reason: match error {
+                        NvmlError::LibloadingError(_) => {
+                            "libnvidia-ml.so.1 cannot be loaded".to_string()
+                        }
+                        other => other.to_string(),
+                    },
+                },
+                Vec::new(),
+            ),
+        },
+    };
+    let paths = if options.paths.is_empty() {
+        vec![PathBuf::from(".")]
+    } else {
+        options.paths.clone()
+    };
+    let own_uid = std::fs::metadata("/proc/self").ok().map(|m| m.uid());
+    Ok(Facts {
+        driver,
+        gpus: gpus
+            .into_iter()
+            .map(|mut gpu| {
+                for process in &mut gpu.processes {
+                    if process.uid.is_none() {
+                        process.uid = process_uid(process.pid);
+                    }
+                }
+                gpu
+            })
+            .collect(),
+        own_uid,
+        mps_daemon: mps_daemon_running(),
+        python: probe_python(&options.python, options.python_timeout),
+        shm: Some(fs_usage(Path::new("/dev/shm"))),
+        shm_leaked: shm_leaked(Path::new("/dev/shm"), own_uid),
+        disks: paths
+            .iter()
+            .map(|path| (path.clone(), fs_usage(path)))
+            .collect(),
+        env: relevant_env(),
+    })
+}
+
+/// The simulated inventory as facts: modes NVML would report are unknown there.
+fn simulated(spec: &str) -> Result<(Driver, Vec<GpuFacts>), SimulateError> {
+    let inventory = simulate(spec)?;
+    let gpus = inventory
+        .gpus
+        .iter()
+        .map(|gpu| GpuFacts {
+            index: gpu.index,
+            name: gpu.name.clone(),
+            total_bytes: gpu.total_bytes,
+            free_bytes: gpu.free_bytes,
+            mig: Some(gpu.mig_enabled),
+            processes: gpu
+                .processes
+                .iter()
+                .map(|process| GpuProcessFacts {
+                    pid: process.pid,
+                    used_bytes: process.used_bytes,
+                    uid: None,
+                    name: process.name.clone(),
+                })
+                .collect(),
+            ..GpuFacts::default()
+        })
+        .collect();
+    Ok((
+        Driver::Simulated {
+            spec: spec.to_string(),
+        },
+        gpus,
+    ))
+}
+
+fn nvml_facts() -> Result<(Driver, Vec<GpuFacts>), NvmlError> {
+    let nvml = Nvml::init()?;
+    let version = nvml.sys_driver_version()?;
+    // NVML encodes CUDA 12.4 as 12040.
+    let cuda = nvml
+        .sys_cuda_driver_version()
+        .ok()
+        .and_then(|v| u32::try_from(v).ok())
+        .map(|v| (v / 1000, (v % 1000) / 10));
+    let mut gpus = Vec::new();
+    for index in 0..nvml.device_count()? {
+        let device = nvml.device_by_index(index)?;
+        let memory = device.memory_info()?;
+        let ecc = device.is_ecc_enabled().ok();
+        gpus.push(GpuFacts {
+            index,
+            name: device.name().unwrap_or_else(|_| "unknown GPU".to_string()),
+            total_bytes: memory.total,
+            free_bytes: memory.free,
+            // NotSupported on GPUs without MIG: that is "off".
+            mig: Some(device.mig_mode().map(|m| m.current == 1).unwrap_or(false)),
+            persistence: device.is_in_persistent_mode().ok(),
+            ecc: ecc.as_ref().map(|state| state.currently_enabled),
+            ecc_uncorrected: ecc.filter(|state| state.currently_enabled).and_then(|_| {
+                device
+                    .total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile)
+                    .ok()
+            }),
+            compute_mode: device.compute_mode().ok().map(|mode| {
+                match mode {
+                    ComputeMode::Default => "default",
+                    ComputeMode::ExclusiveThread | ComputeMode::ExclusiveProcess => {
+                        "exclusive-process"
+                    }
+                    ComputeMode::Prohibited => "prohibited",
+                }
+                .to_string()
+            }),
+            processes: device
+                .running_compute_processes()
+                .unwrap_or_default()
+                .into_iter()
+                .map(|process| GpuProcessFacts {
+                    pid: process.pid,
+                    used_bytes: match process.used_gpu_memory {
+                        UsedGpuMemory::Used(bytes) => Some(bytes),
+                        UsedGpuMemory::Unavailable => None,
+                    },
+                    uid: None,
+                    name: std::fs::read_to_string(format!("/proc/{}/comm", process.pid))
+                        .ok()
+                        .map(|comm| comm.trim_end().to_string()),
+                })
+                .collect(),
+        });
+    }
+    Ok((Driver::Nvml { version, cuda }, gpus))
+}
+
+fn process_uid(pid: u32) -> Option<u32> {
+    std::fs::metadata(format!("/proc/{pid}"))
+        .ok()
+        .map(|m| m.uid())
+}
+
+/// Whether an `nvidia-cuda-mps-control` (or -server) process is running.
+fn mps_daemon_running() -> Option<bool> {
+    let entries = std::fs::read_dir("/proc").ok()?;
+    Some(entries.filter_map(Result::ok).any(|entry| {
+        std::fs::read_to_string(entry.path().join("comm"))
+            .is_ok_and(|comm| comm.starts_with("nvidia-cuda-mps"))
+    }))
+}
+
+/// Size and free space of the file system holding `path`.
+pub fn fs_usage(path: &Path) -> Result<FsUsage, String> {
+    let stat = rustix::fs::statvfs(path)
+        .map_err(|error| std::io::Error::from_raw_os_error(error.raw_os_error()).to_string())?;
+    Ok(FsUsage {
+        total_bytes: stat.f_blocks.saturating_mul(stat.f_frsize),
+        available_bytes: stat.f_bavail.saturating_mul(stat.f_frsize),
+    })
+}
+
+/// torch_<pid>_* files of this user in `dir` whose process is gone: (count, bytes).
+fn shm_leaked(dir: &Path, own_uid: Option<u32>) -> Option<(usize, u64)> {
+    let entries = std::fs::read_dir(dir).ok()?;
+    let mut count = 0;
+    let mut bytes = 0;
+    for entry in entries.filter_map(Result::ok) {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name
+            .strip_prefix("torch_")
+            .and_then(|rest| rest.split('_').next())
+            .and_then(|pid| pid.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let Ok(metadata) = entry.metadata() else {
+            continue;
+        };
+        if own_uid.is_some_and(|uid| metadata.uid() != uid)
+            || Path::new(&format!("/proc/{pid}")).exists()
+        {
+            continue;
+        }
+        count += 1;
+        bytes += metadata.len();
+    }
+    Some((count, bytes))
+}
+
+/// The shell variables doctor reports, sorted by name.
+fn relevant_env() -> Vec<(String, String)> {
+    let mut env: Vec<(String, String)> = std::env::vars_os()
+        .filter_map(|(name, value)| {
+            let name = name.into_string().ok()?;
+            is_relevant_env(&name).then(|| (name, value.to_string_lossy().into_owned()))
+        })
+        .collect();
+    env.sort();
+    env
+}
+
+/// Runs the probe script with a time limit.
+pub fn probe_python(interpreter: &str, timeout: Duration) -> Python {
+    let spawned = Command::new(interpreter)
+        .args(["-c", PYTHON_PROBE])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn();
+    let mut child = match spawned {
+        Ok(child) => child,
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+            return Python::NotFound {
+                interpreter: interpreter.to_string(),
+            }
+        }
+        Err(error) => {
+            return Python::Failed {
+                reason: format!("cannot run {interpreter}: {error}"),
+            }
+        }
+    };
+    let deadline = Instant::now() + timeout;
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break status,
+            Ok(None) if Instant::now() >= deadline => {
+                // Our own child, by its handle.
+                let _ = child.kill();
+                let _ = child.wait();
+                return Python::TimedOut {
+                    seconds: timeout.as_secs(),
+                };
+            }
+            Ok(None) => std::thread::sleep(Duration::from_millis(20)),
+            Err(error) => {
+                return Python::Failed {
+                    reason: error.to_string(),
+                }
+            }
+        }
+    };
+    // The script prints one short line, so the pipe never fills before it exits.
+    let mut stdout = String::new();
+    let mut stderr = String::new();
+    if let Some(mut out) = child.stdout.take() {
+        let _ = out.read_to_string(&mut stdout);
+    }
+    if let Some(mut err) = child.stderr.take() {
+        let _ = err.read_to_string(&mut stderr);
+    }
+    if !status.success() {
+        let last = stderr.lines().last().unwrap_or("no output").to_string();
+        return Python::Failed {
+            reason: format!("{interpreter} exited with {status}: {last}"),
+        };
+    }
+    match serde_json::from_str::<PythonInfo>(stdout.trim()) {
+        Ok(info) => Python::Found(info),
+        Err(error) => Python::Failed {
+            reason: format!("unexpected output from {interpreter}: {error}"),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn missing_interpreter_is_not_found() {
+        let python = probe_python("/no/such/python3", Duration::from_secs(2));
+        assert!(matches!(python, Python::NotFound { .. }), "{python:?}");
+    }
+
+    #[test]
+    fn slow_interpreter_times_out() {
+        // A shell script standing in for python: it ignores the arguments and sleeps.
+        let dir = tempfile::tempdir().unwrap();
+        let fake = dir.path().join("python3");
+        std::fs::write(&fake, "#!/bin/sh\nsleep 5\n").unwrap();
+        std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .unwrap();
+        let started = Instant::now();
+        let python = probe_python(fake.to_str().unwrap(), Duration::from_millis(300));
+        assert!(matches!(python, Python::TimedOut { .. }), "{python:?}");
+        assert!(started.elapsed() < Duration::from_secs(3));
+    }
+
+    #[test]
+    fn fake_interpreter_output_is_parsed() {
+        let dir = tempfile::tempdir().unwrap();
+        let fake = dir.path().join("python3");
+        std::fs::write(
+            &fake,
+            "#!/bin/sh\necho '{\"executable\": \"/v/bin/python3\", \"version\": \"3.12.1\", \"packages\": {\"torch\": \"2.5.1\"}, \"torch_cuda\": \"12.4\", \"tensorflow_cuda\": null}'\n",
+        )
+        .unwrap();
+        std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .unwrap();
+        match probe_python(fake.to_str().unwrap(), Duration::from_secs(5)) {
+            Python::Found(info) => {
+                assert_eq!(info.packages["torch"], "2.5.1");
+                assert_eq!(info.torch_cuda.as_deref(), Some("12.4"));
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// The real probe script under the real python3, against fake torch and jax installs
+    /// (metadata and version.py only: nothing is imported).
+    #[test]
+    fn the_probe_script_reads_versions_without_importing() {
+        if Command::new("python3").arg("-V").output().is_err() {
+            eprintln!("skipped: no python3");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let site = dir.path().join("site");
+        let write = |path: &str, text: &str| {
+            let path = site.join(path);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, text).unwrap();
+        };
+        // Importing this torch would fail loudly: the probe must not import it.
+        write("torch/__init__.py", "raise RuntimeError('imported')\n");
+        write(
+            "torch/version.py",
+            "from typing import Optional\n__version__ = '2.5.1'\ncuda: Optional[str] = '12.4'\n",
+        );
+        write(
+            "torch-2.5.1.dist-info/METADATA",
+            "Metadata-Version: 2.1\nName: torch\nVersion: 2.5.1\n",
+        );
+        write(
+            "jax_cuda12_plugin-0.4.35.dist-info/METADATA",
+            "Metadata-Version: 2.1\nName: jax-cuda12-plugin\nVersion: 0.4.35\n",
+        );
+        let wrapper = dir.path().join("python3");
+        std::fs::write(
+            &wrapper,
+            format!(
+                "#!/bin/sh\nPYTHONPATH={} exec python3 \"$@\"\n",
+                site.display()
+            ),
+        )
+        .unwrap();
+        std::fs::set_permissions(
+            &wrapper,
+            std::os::unix::fs::PermissionsExt::from_mode(0o755),
+        )
+        .unwrap();
+        match probe_python(wrapper.to_str().unwrap(), Duration::from_secs(20)) {
+            Python::Found(info) => {
+                assert_eq!(
+                    info.packages.get("torch").map(String::as_str),
+                    Some("2.5.1")
+                );
+                assert_eq!(info.torch_cuda.as_deref(), Some("12.4"));
+                assert_eq!(
+                    info.packages.get("jax-cuda12-plugin").map(String::as_str),
+                    Some("0.4.35")
+                );
+                assert_eq!(info.tensorflow_cuda, None);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn statvfs_of_a_real_and_a_missing_path() {
+        let usage = fs_usage(Path::new("/")).unwrap();
+        assert!(usage.total_bytes > 0 && usage.available_bytes <= usage.total_bytes);
+        assert!(fs_usage(Path::new("/no/such/dir")).is_err());
+    }
+
+    #[test]
+    fn leaked_torch_files_of_dead_pids_are_counted() {
+        let dir = tempfile::tempdir().unwrap();
+        // pid 0 never names a live process in /proc; our own pid is alive.
+        std::fs::write(dir.path().join("torch_0_1234_0"), vec![0u8; 4096]).unwrap();
+        let alive = format!("torch_{}_99_0", std::process::id());
+        std::fs::write(dir.path().join(alive), b"x").unwrap();
+        std::fs::write(dir.path().join("sem.mp-abc"), b"x").unwrap();
+        assert_eq!(shm_leaked(dir.path(), None), Some((1, 4096)));
+    }
+}

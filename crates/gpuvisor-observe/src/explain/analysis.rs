@@ -1,0 +1,250 @@
+//! Analyses that need arithmetic on the figures a rule read, so cannot be plain data: which
+//! reading of a PyTorch out-of-memory message the numbers support, and how much memory a JAX
+//! process needed.
+
+use std::collections::BTreeMap;
+
+use gpuvisor_core::size::ByteSize;
+
+const GIB: u64 = 1 << 30;
+
+/// What an analysis concluded.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Analysis {
+    /// The variant the numbers support, if the analysis picks one.
+    pub variant: Option<&'static str>,
+    /// The numbers spelled out, with what they imply.
+    pub text: Option<String>,
+}
+
+/// Runs analysis `name` over figures (name -> bytes).
+pub fn analyse(name: &str, figures: &BTreeMap<String, u64>) -> Analysis {
+    match name {
+        "torch-oom" => torch_oom(figures),
+        "jax-oom" => jax_oom(figures),
+        _ => Analysis::default(),
+    }
+}
+
+fn size(bytes: u64) -> String {
+    ByteSize(bytes).to_string()
+}
+
+/// Reads a PyTorch OOM message's figures. New messages (torch >= 2.1) say how much is
+/// "reserved by PyTorch but unallocated"; old ones give "reserved in total", from which the same
+/// number follows.
+fn torch_oom(figures: &BTreeMap<String, u64>) -> Analysis {
+    let get = |name: &str| figures.get(name).copied();
+    let (Some(tried), Some(allocated)) = (get("tried"), get("allocated")) else {
+        return Analysis::default();
+    };
+    let reserved_unallocated = get("reserved_unallocated")
+        .or_else(|| get("reserved_total").map(|reserved| reserved.saturating_sub(allocated)));
+    let total = get("total_capacity");
+    let free = get("free");
+    let process_in_use = get("process_in_use");
+    let others = get("other_processes").unwrap_or(0);
+
+    let mut facts = vec![format!(
+        "asked for {}; PyTorch had {} allocated",
+        size(tried),
+        size(allocated)
+    )];
+    if let Some(unallocated) = reserved_unallocated {
+        facts.push(format!("{} reserved but unallocated", size(unallocated)));
+    }
+    if let (Some(total), Some(free)) = (total, free) {
+        facts.push(format!(
+            "the GPU has {} with {} free",
+            size(total),
+            size(free)
+        ));
+    }
+    if let Some(in_use) = process_in_use {
+        facts.push(format!("this process held {} in all", size(in_use)));
+    }
+    if others > 0 {
+        facts.push(format!("other processes held {}", size(others)));
+    }
+
+    // Outside PyTorch's allocator but inside this process: context, cuDNN/cuBLAS workspaces,
+    // NCCL, or another framework's pool.
+    let outside_torch = process_in_use.map(|in_use| {
+        in_use.saturating_sub(allocated.saturating_add(reserved_unallocated.unwrap_or(0)))
+    });
+    let (variant, implication) = if reserved_unallocated.is_some_and(|u| u >= tried) {
+        (
+            "fragmentation",
+            format!(
+                "the free reserved memory ({}) would hold the request but is split into blocks too small for it: fragmentation",
+                size(reserved_unallocated.unwrap_or(0))
+            ),
+        )
+    } else if total.is_some_and(|total| others > total / 4)
+        || matches!((process_in_use, total, free), (Some(in_use), Some(total), Some(free)) if in_use < total / 2 && free < tried)
+    {
+        (
+            "other-processes",
+            "most of the GPU is held outside this process: it is shared without budgets"
+                .to_string(),
+        )
+    } else if outside_torch
+        .is_some_and(|outside| outside > GIB.max(process_in_use.unwrap_or(0) / 10))
+    {
+        (
+            "non-torch-memory",
+            format!(
+                "{} of this process's memory is outside PyTorch's allocator",
+                size(outside_torch.unwrap_or(0))
+            ),
+        )
+    } else {
+        (
+            "real-pressure",
+            "PyTorch's live tensors fill the memory it can get: the work does not fit".to_string(),
+        )
+    };
+    Analysis {
+        variant: Some(variant),
+        text: Some(format!("{}: {implication}", facts.join("; "))),
+    }
+}
+
+/// Reads the BFC allocator's figures: how much the step needed against the pool's limit.
+fn jax_oom(figures: &BTreeMap<String, u64>) -> Analysis {
+    let get = |name: &str| figures.get(name).copied();
+    let Some(tried) = get("tried") else {
+        return Analysis::default();
+    };
+    let text = match (get("limit"), get("in_use")) {
+        (Some(limit), Some(in_use)) => {
+            let needed = in_use.saturating_add(tried);
+            // Round up to whole GiB and add the ~0.5 GiB outside the pool (context, cuDNN).
+            let budget_gib = needed.saturating_add(GIB / 2).div_ceil(GIB);
+            format!(
+                "the pool's limit was {}, {} was in use and the step asked for {} more: it needs at least {}; a budget of memory = \"{budget_gib}GiB\" for this process (pool plus context) would hold it",
+                size(limit),
+                size(in_use),
+                size(tried),
+                size(needed)
+            )
+        }
+        (Some(limit), None) => format!(
+            "the pool's limit was {} and the step asked for {}",
+            size(limit),
+            size(tried)
+        ),
+        _ => format!("the step asked for {}", size(tried)),
+    };
+    Analysis {
+        variant: None,
+        text: Some(text),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn figures(pairs: &[(&str, f64)]) -> BTreeMap<String, u64> {
+        pairs
+            .iter()
+            .map(|(name, gib)| (name.to_string(), (gib * GIB as f64) as u64))
+            .collect()
+    }
+
+    #[test]
+    fn torch_fragmentation_when_unallocated_reserve_covers_the_request() {
+        let analysis = analyse(
+            "torch-oom",
+            &figures(&[
+                ("tried", 2.0),
+                ("allocated", 60.0),
+                ("reserved_unallocated", 6.0),
+                ("total_capacity", 79.0),
+                ("free", 1.0),
+                ("process_in_use", 67.0),
+            ]),
+        );
+        assert_eq!(analysis.variant, Some("fragmentation"));
+    }
+
+    #[test]
+    fn torch_old_format_reserved_total_gives_the_same_reading() {
+        let analysis = analyse(
+            "torch-oom",
+            &figures(&[
+                ("tried", 0.5),
+                ("allocated", 10.0),
+                ("reserved_total", 13.0),
+            ]),
+        );
+        assert_eq!(analysis.variant, Some("fragmentation"));
+    }
+
+    #[test]
+    fn torch_other_processes_when_the_gpu_is_held_elsewhere() {
+        let analysis = analyse(
+            "torch-oom",
+            &figures(&[
+                ("tried", 4.0),
+                ("allocated", 18.0),
+                ("reserved_unallocated", 0.5),
+                ("total_capacity", 79.0),
+                ("free", 1.0),
+                ("process_in_use", 19.0),
+                ("other_processes", 59.0),
+            ]),
+        );
+        assert_eq!(analysis.variant, Some("other-processes"));
+        assert!(analysis.text.unwrap().contains("59.0 GiB"));
+    }
+
+    #[test]
+    fn torch_non_torch_memory_when_the_process_holds_more_than_pytorch() {
+        let analysis = analyse(
+            "torch-oom",
+            &figures(&[
+                ("tried", 4.0),
+                ("allocated", 20.0),
+                ("reserved_unallocated", 0.2),
+                ("total_capacity", 79.0),
+                ("free", 0.5),
+                ("process_in_use", 78.0),
+            ]),
+        );
+        assert_eq!(analysis.variant, Some("non-torch-memory"));
+    }
+
+    #[test]
+    fn torch_real_pressure_otherwise() {
+        let analysis = analyse(
+            "torch-oom",
+            &figures(&[
+                ("tried", 4.0),
+                ("allocated", 76.0),
+                ("reserved_unallocated", 0.3),
+                ("total_capacity", 79.0),
+                ("free", 0.5),
+                ("process_in_use", 77.0),
+            ]),
+        );
+        assert_eq!(analysis.variant, Some("real-pressure"));
+    }
+
+    #[test]
+    fn torch_without_figures_chooses_nothing() {
+        assert_eq!(analyse("torch-oom", &BTreeMap::new()), Analysis::default());
+    }
+
+    #[test]
+    fn jax_needed_memory_is_in_use_plus_request() {
+        let analysis = analyse(
+            "jax-oom",
+            &figures(&[("tried", 12.0), ("limit", 58.0), ("in_use", 55.0)]),
+        );
+        let text = analysis.text.unwrap();
+        assert!(text.contains("67.0 GiB"), "{text}");
+        assert!(text.contains("memory = \"68GiB\""), "{text}");
+    }
+}

@@ -1,0 +1,466 @@
+//! The streaming matcher: one pass over a log in fixed-size blocks, in bounded memory.
+//!
+//! Every pattern requires a plain literal, and each literal has a short fingerprint shared
+//! with other literals (see [`super::literal`]). A block is searched for all fingerprints at once
+//! (a SIMD multi-literal search, much faster than the patterns' automaton); only a line holding
+//! one is checked further, and only against the patterns its fingerprints belong to. An
+//! ordinary line costs the literal search and nothing else. Patterns whose further hits would
+//! change nothing (a supporting line already seen twice) are not run again. Per pattern only the count, the first few and the
+//! last few hits are kept.
+
+use std::collections::VecDeque;
+use std::io::{self, Read};
+
+use aho_corasick::{AhoCorasick, AhoCorasickKind, Input, MatchKind};
+use regex::bytes::Regex;
+
+use super::literal::{fingerprints, required_literal};
+use super::rules::{Combine, Rule};
+use crate::size_text::parse_log_size;
+
+/// Bytes read per block. A line longer than this is matched in pieces.
+const BLOCK_BYTES: usize = 1 << 20;
+/// Evidence text kept per line (longer lines are cut at a character boundary).
+const MAX_LINE_TEXT: usize = 2_000;
+/// Hits remembered at the start and at the end of the log, per pattern.
+const FIRST_HITS: usize = 3;
+const LAST_HITS: usize = 2;
+
+/// What a pattern is for, in its rule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// Fires the rule.
+    Anchor,
+    /// Raises the confidence.
+    Supporting,
+    /// Member of `requires` group N.
+    Requires(usize),
+    /// Silences the rule.
+    Unless,
+    /// Chooses variant N.
+    When(usize),
+    /// Reads figure N (index into the rule's figure names).
+    Figure(usize),
+}
+
+/// One pattern of the compiled set.
+#[derive(Debug)]
+pub struct PatternRef {
+    /// Index of the rule in the knowledge base.
+    pub rule: usize,
+    /// Its role there.
+    pub role: Role,
+    /// The pattern itself.
+    regex: Regex,
+    /// The literal every match contains.
+    literal: memchr::memmem::Finder<'static>,
+    /// For figures: how repeated captures combine.
+    combine: Option<Combine>,
+}
+
+/// All rules compiled for matching.
+#[derive(Debug)]
+pub struct Compiled {
+    /// Finds a line holding a fingerprint (see [`fingerprints`]).
+    prefilter: AhoCorasick,
+    /// Lists the fingerprints a line holds; pattern ids index `fingerprints`.
+    in_line: AhoCorasick,
+    /// Per fingerprint id: the patterns (set indices) that require it.
+    patterns_of: Vec<Vec<usize>>,
+    /// Per set index.
+    pub patterns: Vec<PatternRef>,
+    /// The distinct strings the prefilter searches for.
+    pub fingerprints: Vec<String>,
+}
+
+/// Why compiling failed (a rules file validated by `parse_rules` compiles).
+#[derive(Debug, thiserror::Error)]
+#[error("compiling the rules: {0}\n  hint: see docs/explain.md: every pattern needs a literal of 3 or more characters")]
+pub struct CompileError(String);
+
+impl Compiled {
+    /// Compiles every pattern of `rules`.
+    pub fn new(rules: &[Rule]) -> Result<Self, CompileError> {
+        let mut sources: Vec<(&str, Role, Option<Combine>, usize)> = Vec::new();
+        for (index, rule) in rules.iter().enumerate() {
+            for p in &rule.patterns {
+                sources.push((p, Role::Anchor, None, index));
+            }
+            for p in &rule.supporting {
+                sources.push((p, Role::Supporting, None, index));
+            }
+            for (group, members) in rule.requires.iter().enumerate() {
+                for p in members {
+                    sources.push((p, Role::Requires(group), None, index));
+                }
+            }
+            for p in &rule.unless {
+                sources.push((p, Role::Unless, None, index));
+            }
+            for (variant, spec) in rule.variant.iter().enumerate() {
+                for p in &spec.when {
+                    sources.push((p, Role::When(variant), None, index));
+                }
+            }
+            for (figure, spec) in rule.figures.values().enumerate() {
+                for p in spec.pattern.all() {
+                    sources.push((p, Role::Figure(figure), Some(spec.combine), index));
+                }
+            }
+        }
+        let mut literals = Vec::with_capacity(sources.len());
+        let mut patterns = Vec::with_capacity(sources.len());
+        for (source, role, combine, rule) in sources {
+            let literal = required_literal(source)
+                .ok_or_else(|| CompileError(format!("pattern `{source}` has no literal")))?;
+            patterns.push(PatternRef {
+                rule,
+                role,
+                literal: memchr::memmem::Finder::new(literal.text.as_bytes()).into_owned(),
+                regex: Regex::new(source).map_err(|e| CompileError(e.to_string()))?,
+                combine,
+            });
+            literals.push(literal.text);
+        }
+        let per_pattern = fingerprints(&literals);
+        let mut distinct = per_pattern.clone();
+        distinct.sort();
+        distinct.dedup();
+        let mut patterns_of = vec![Vec::new(); distinct.len()];
+        for (index, fingerprint) in per_pattern.iter().enumerate() {
+            let id = distinct
+                .binary_search(fingerprint)
+                .expect("every fingerprint is listed");
+            patterns_of[id].push(index);
+        }
+        // Leftmost-first for the block search, so it runs on the SIMD (Teddy) searcher;
+        // standard semantics for a line, whose overlapping search reports every fingerprint.
+        let prefilter = AhoCorasick::builder()
+            .match_kind(MatchKind::LeftmostFirst)
+            .build(&distinct)
+            .map_err(|e| CompileError(e.to_string()))?;
+        let in_line = AhoCorasick::builder()
+            .match_kind(MatchKind::Standard)
+            .kind(Some(AhoCorasickKind::DFA))
+            .build(&distinct)
+            .map_err(|e| CompileError(e.to_string()))?;
+        Ok(Compiled {
+            prefilter,
+            in_line,
+            patterns_of,
+            patterns,
+            fingerprints: distinct,
+        })
+    }
+}
+
+/// A line a pattern matched.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Hit {
+    /// 1-based line number.
+    pub line: u64,
+    /// The line (lossy UTF-8, cut to a maximum length).
+    pub text: String,
+}
+
+/// What one pattern saw.
+#[derive(Debug, Clone, Default)]
+pub struct PatternHits {
+    /// How many lines matched: exact for main patterns and figures; other patterns stop
+    /// counting once their first hits are kept.
+    pub count: u64,
+    /// The first few.
+    pub first: Vec<Hit>,
+    /// The last few (after the first ones).
+    pub last: VecDeque<Hit>,
+}
+
+impl PatternHits {
+    fn record(&mut self, line: u64, text: &str) {
+        self.count += 1;
+        if self.first.len() < FIRST_HITS {
+            self.first.push(Hit {
+                line,
+                text: text.to_string(),
+            });
+        } else if self.last.len() == LAST_HITS {
+            // Reuse the oldest hit's buffer: a pattern hit on every line allocates nothing.
+            let mut oldest = self.last.pop_front().expect("full");
+            oldest.line = line;
+            oldest.text.clear();
+            oldest.text.push_str(text);
+            self.last.push_back(oldest);
+        } else {
+            self.last.push_back(Hit {
+                line,
+                text: text.to_string(),
+            });
+        }
+    }
+
+    /// Remembered hits, in order.
+    pub fn hits(&self) -> impl Iterator<Item = &Hit> {
+        self.first.iter().chain(&self.last)
+    }
+}
+
+/// A number read from the log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FigureValue {
+    /// The text as printed (the last capture, for sums).
+    pub text: String,
+    /// Bytes, when the text is a size.
+    pub bytes: Option<u64>,
+    /// Where it was read.
+    pub line: u64,
+}
+
+/// The state of one pass over a log.
+#[derive(Debug)]
+pub struct Scan<'a> {
+    compiled: &'a Compiled,
+    /// Per set index.
+    pub hits: Vec<PatternHits>,
+    /// Per set index; only figure patterns get values.
+    pub figures: Vec<Option<FigureValue>>,
+    /// Newlines seen before the current block.
+    newlines: u64,
+    /// Bytes read.
+    pub bytes: u64,
+    /// Whether the last byte seen was a newline (for the line count).
+    ended_with_newline: bool,
+    /// Scratch: which fingerprints the current line holds.
+    present: Vec<bool>,
+    /// Per rule: lines any of its main patterns matched (a line counts once).
+    pub anchor_lines: Vec<u64>,
+    /// Per rule: the last line counted in `anchor_lines`.
+    last_anchor_line: Vec<u64>,
+}
+
+impl<'a> Scan<'a> {
+    /// A fresh pass.
+    pub fn new(compiled: &'a Compiled) -> Self {
+        let count = compiled.patterns.len();
+        let rules = compiled
+            .patterns
+            .iter()
+            .map(|p| p.rule + 1)
+            .max()
+            .unwrap_or(0);
+        Scan {
+            compiled,
+            hits: vec![PatternHits::default(); count],
+            figures: vec![None; count],
+            newlines: 0,
+            bytes: 0,
+            ended_with_newline: true,
+            present: Vec::new(),
+            anchor_lines: vec![0; rules],
+            last_anchor_line: vec![0; rules],
+        }
+    }
+
+    /// Reads `reader` to the end, block by block.
+    pub fn read_all(&mut self, mut reader: impl Read) -> io::Result<()> {
+        let mut buffer = vec![0u8; BLOCK_BYTES];
+        let mut filled = 0;
+        loop {
+            let read = match reader.read(&mut buffer[filled..]) {
+                Ok(read) => read,
+                Err(error) if error.kind() == io::ErrorKind::Interrupted => continue,
+                Err(error) => return Err(error),
+            };
+            if read == 0 {
+                self.block(&buffer[..filled]);
+                return Ok(());
+            }
+            filled += read;
+            match memchr::memrchr(b'\n', &buffer[..filled]) {
+                Some(last) => {
+                    self.block(&buffer[..=last]);
+                    buffer.copy_within(last + 1..filled, 0);
+                    filled -= last + 1;
+                }
+                // A line longer than the buffer: match it in pieces rather than grow.
+                None if filled == buffer.len() => {
+                    self.block(&buffer[..filled]);
+                    filled = 0;
+                }
+                None => {}
+            }
+        }
+    }
+
+    /// Lines read (a last line without a newline counts).
+    pub fn lines(&self) -> u64 {
+        self.newlines + u64::from(!self.ended_with_newline)
+    }
+
+    /// Matches one block: whole lines, except for pieces of over-long lines.
+    pub fn block(&mut self, block: &[u8]) {
+        if block.is_empty() {
+            return;
+        }
+        self.bytes += block.len() as u64;
+        let mut position = 0;
+        let mut counted = 0;
+        let mut newlines = self.newlines;
+        while position < block.len() {
+            let Some(found) = self
+                .compiled
+                .prefilter
+                .find(Input::new(block).span(position..block.len()))
+            else {
+                break;
+            };
+            let start = memchr::memrchr(b'\n', &block[position..found.start()])
+                .map_or(position, |i| position + i + 1);
+            let end = memchr::memchr(b'\n', &block[found.start()..])
+                .map_or(block.len(), |i| found.start() + i);
+            newlines += count_newlines(&block[counted..start]);
+            counted = start;
+            self.line(&block[start..end], newlines + 1);
+            position = end + 1;
+        }
+        newlines += count_newlines(&block[counted..]);
+        self.newlines = newlines;
+        self.ended_with_newline = block.last() == Some(&b'\n');
+    }
+
+    fn line(&mut self, line: &[u8], number: u64) {
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        let compiled = self.compiled;
+        self.present.clear();
+        self.present.resize(compiled.fingerprints.len(), false);
+        for found in compiled.in_line.find_overlapping_iter(line) {
+            self.present[found.pattern().as_usize()] = true;
+        }
+        let mut text = None;
+        for id in 0..self.present.len() {
+            if !self.present[id] {
+                continue;
+            }
+            for &index in &compiled.patterns_of[id] {
+                let pattern = &compiled.patterns[index];
+                let saturated = !matches!(pattern.role, Role::Anchor | Role::Figure(_))
+                    && self.hits[index].count >= FIRST_HITS as u64;
+                // The pattern's own literal first: far cheaper than the regex, and most
+                // lines sharing a common fingerprint ("CUDA") lack it.
+                if saturated
+                    || pattern.literal.find(line).is_none()
+                    || !pattern.regex.is_match(line)
+                {
+                    continue;
+                }
+                let text = text.get_or_insert_with(|| line_text(line));
+                self.hits[index].record(number, text);
+                if pattern.role == Role::Anchor && self.last_anchor_line[pattern.rule] != number {
+                    self.last_anchor_line[pattern.rule] = number;
+                    self.anchor_lines[pattern.rule] += 1;
+                }
+                if let Some(combine) = pattern.combine {
+                    if let Some(value) = read_figure(&pattern.regex, combine, line, number) {
+                        self.figures[index] = Some(value);
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn read_figure(regex: &Regex, combine: Combine, line: &[u8], number: u64) -> Option<FigureValue> {
+    let captured: Vec<String> = regex
+        .captures_iter(line)
+        .filter_map(|captures| captures.iter().skip(1).flatten().next())
+        .map(|group| String::from_utf8_lossy(group.as_bytes()).into_owned())
+        .collect();
+    let last = captured.last()?.clone();
+    let bytes = match combine {
+        Combine::Last => parse_log_size(&last),
+        Combine::Sum => captured
+            .iter()
+            .map(|text| parse_log_size(text))
+            .try_fold(0u64, |sum, bytes| Some(sum.saturating_add(bytes?))),
+    };
+    Some(FigureValue {
+        text: last,
+        bytes,
+        line: number,
+    })
+}
+
+fn count_newlines(bytes: &[u8]) -> u64 {
+    // Byte-wide counters over short chunks let LLVM vectorise the comparison without widening
+    // every byte to a 64-bit lane (several times faster than a plain filter-count).
+    bytes
+        .chunks(255)
+        .map(|chunk| {
+            chunk
+                .iter()
+                .fold(0u8, |count, &b| count + u8::from(b == b'\n')) as u64
+        })
+        .sum()
+}
+
+/// The line as text for evidence: lossy UTF-8, cut at a character boundary.
+fn line_text(line: &[u8]) -> String {
+    let text = String::from_utf8_lossy(&line[..line.len().min(MAX_LINE_TEXT + 4)]);
+    if text.len() <= MAX_LINE_TEXT {
+        return text.into_owned();
+    }
+    let mut cut = MAX_LINE_TEXT;
+    while !text.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    format!("{}…", &text[..cut])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::explain::rules::{parse_rules, BUILTIN_RULES};
+
+    #[test]
+    fn builtin_prefilter_stays_in_the_fast_path() {
+        let compiled = Compiled::new(&parse_rules(BUILTIN_RULES).unwrap()).unwrap();
+        let count = compiled.fingerprints.len();
+        eprintln!("{count} fingerprints: {:?}", compiled.fingerprints);
+        assert!(
+            count <= crate::explain::literal::FAST_SEARCH_LIMIT,
+            "{count} fingerprints"
+        );
+    }
+
+    fn scan_text(text: &str) -> (u64, Vec<u64>) {
+        let rules = parse_rules(
+            "[[rule]]\nid = 'x'\nname = 'n'\ncause = 'c'\nfix = 'f'\npatterns = ['needle\\d']\n",
+        )
+        .unwrap();
+        let compiled = Compiled::new(&rules).unwrap();
+        let mut scan = Scan::new(&compiled);
+        scan.read_all(text.as_bytes()).unwrap();
+        let lines = scan.hits[0].hits().map(|hit| hit.line).collect();
+        (scan.lines(), lines)
+    }
+
+    #[test]
+    fn line_numbers_count_every_line() {
+        assert_eq!(scan_text("a\nneedle1\nb\r\nneedle2\r\n"), (4, vec![2, 4]));
+        assert_eq!(scan_text("needle1"), (1, vec![1]));
+        assert_eq!(scan_text(""), (0, vec![]));
+        // A candidate line that does not match does not hide the next line.
+        assert_eq!(scan_text("needle x\nneedle3\n"), (2, vec![2]));
+    }
+
+    #[test]
+    fn long_lines_and_block_boundaries() {
+        let mut text = "x".repeat(BLOCK_BYTES + 10);
+        text.push('\n');
+        text.push_str(&"y\n".repeat(BLOCK_BYTES / 2));
+        text.push_str("needle7\n");
+        let (lines, hits) = scan_text(&text);
+        let expected = 1 + (BLOCK_BYTES / 2) as u64 + 1;
+        assert_eq!(lines, expected);
+        assert_eq!(hits, vec![expected]);
+    }
+}

@@ -1,0 +1,294 @@
+//! Exported entry points: allocation, VMM, pools and memory info. Nothing is really
+//! allocated; addresses are fake and only the bytes are accounted.
+
+use std::ffi::c_void;
+
+use crate::driver::{code, current_device_fast, published, with_driver, Driver, GRANULARITY};
+use crate::put;
+
+/// Allocates on `ordinal` and writes the address to `out`.
+unsafe fn allocate_into(
+    driver: &mut Driver,
+    out: *mut u64,
+    ordinal: Result<usize, i32>,
+    bytes: usize,
+) -> i32 {
+    if out.is_null() {
+        return code::INVALID_VALUE;
+    }
+    let ordinal = match ordinal {
+        Ok(ordinal) => ordinal,
+        Err(error) => return error,
+    };
+    match driver.allocate(ordinal, bytes as u64) {
+        Ok(address) => {
+            put(out, address);
+            code::SUCCESS
+        }
+        Err(error) => error,
+    }
+}
+
+/// cuMemAlloc_v2: on the current context's device. The hot path: no lock, no system call.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAlloc_v2(address: *mut u64, bytes: usize) -> i32 {
+    let Some(table) = published() else {
+        return code::NOT_INITIALIZED;
+    };
+    if address.is_null() {
+        return code::INVALID_VALUE;
+    }
+    let ordinal = match current_device_fast(table) {
+        Ok(ordinal) => ordinal,
+        Err(error) => return error,
+    };
+    match table.allocate(ordinal, bytes as u64) {
+        Ok(allocated) => {
+            put(address, allocated);
+            code::SUCCESS
+        }
+        Err(error) => error,
+    }
+}
+
+/// cuMemAllocPitch_v2: rows padded to 512 bytes.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAllocPitch_v2(
+    address: *mut u64,
+    pitch: *mut usize,
+    width: usize,
+    height: usize,
+    element_bytes: u32,
+) -> i32 {
+    with_driver(|driver| {
+        if pitch.is_null() || !matches!(element_bytes, 4 | 8 | 16) || width == 0 || height == 0 {
+            return code::INVALID_VALUE;
+        }
+        let row = width.div_ceil(512) * 512;
+        let Some(bytes) = row.checked_mul(height) else {
+            return code::OUT_OF_MEMORY;
+        };
+        let ordinal = driver.current_device();
+        let result = allocate_into(driver, address, ordinal, bytes);
+        if result == code::SUCCESS {
+            put(pitch, row);
+        }
+        result
+    })
+}
+
+/// cuMemAllocManaged: counted on the current device (the simulator does not migrate pages).
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAllocManaged(address: *mut u64, bytes: usize, _flags: u32) -> i32 {
+    cuMemAlloc_v2(address, bytes)
+}
+
+/// cuMemAllocAsync: on the stream's device, available at once.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAllocAsync(
+    address: *mut u64,
+    bytes: usize,
+    stream: *mut c_void,
+) -> i32 {
+    with_driver(|driver| {
+        let ordinal = driver.stream_device(stream as u64);
+        allocate_into(driver, address, ordinal, bytes)
+    })
+}
+
+/// cuMemAllocFromPoolAsync: on the pool's device.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAllocFromPoolAsync(
+    address: *mut u64,
+    bytes: usize,
+    pool: *mut c_void,
+    stream: *mut c_void,
+) -> i32 {
+    with_driver(|driver| {
+        if let Err(error) = driver.stream_device(stream as u64) {
+            return error;
+        }
+        let ordinal = driver.pool_device(pool as u64);
+        allocate_into(driver, address, ordinal, bytes)
+    })
+}
+
+/// cuMemFree_v2. The hot path: no lock, no system call.
+#[no_mangle]
+pub extern "C" fn cuMemFree_v2(address: u64) -> i32 {
+    published().map_or(code::NOT_INITIALIZED, |table| table.free(address))
+}
+
+/// cuMemFreeAsync: freed at once.
+#[no_mangle]
+pub extern "C" fn cuMemFreeAsync(address: u64, _stream: *mut c_void) -> i32 {
+    cuMemFree_v2(address)
+}
+
+/// The device a CUmemAllocationProp / CUmemPoolProps names: both start with
+/// `{int type; int handleTypes; {int locationType; int id} location; ...}`.
+unsafe fn prop_device(driver: &Driver, prop: *const c_void) -> Result<usize, i32> {
+    if prop.is_null() {
+        return Err(code::INVALID_VALUE);
+    }
+    // SAFETY: the caller passes a CUmemAllocationProp/CUmemPoolProps, at least 16 bytes.
+    let (location_type, id) = unsafe { (*prop.cast::<i32>().add(2), *prop.cast::<i32>().add(3)) };
+    if location_type != 1 {
+        return Err(code::INVALID_VALUE); // only CU_MEM_LOCATION_TYPE_DEVICE
+    }
+    driver.device(id).ok_or(code::INVALID_DEVICE)
+}
+
+/// cuMemCreate: physical memory, charged at creation.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemCreate(
+    handle: *mut u64,
+    bytes: usize,
+    prop: *const c_void,
+    _flags: u64,
+) -> i32 {
+    with_driver(|driver| {
+        if handle.is_null() {
+            return code::INVALID_VALUE;
+        }
+        let ordinal = match prop_device(driver, prop) {
+            Ok(ordinal) => ordinal,
+            Err(error) => return error,
+        };
+        match driver.create_physical(ordinal, bytes as u64) {
+            Ok(created) => {
+                put(handle, created);
+                code::SUCCESS
+            }
+            Err(error) => error,
+        }
+    })
+}
+
+/// cuMemRelease.
+#[no_mangle]
+pub extern "C" fn cuMemRelease(handle: u64) -> i32 {
+    with_driver(|driver| driver.release_physical(handle))
+}
+
+/// cuMemGetAllocationGranularity: 2 MiB, minimum and recommended.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemGetAllocationGranularity(
+    granularity: *mut usize,
+    prop: *const c_void,
+    _option: i32,
+) -> i32 {
+    with_driver(|driver| match prop_device(driver, prop) {
+        Ok(_) if put(granularity, GRANULARITY as usize) => code::SUCCESS,
+        Ok(_) => code::INVALID_VALUE,
+        Err(error) => error,
+    })
+}
+
+/// cuMemAddressReserve: fake virtual addresses, nothing charged.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAddressReserve(
+    address: *mut u64,
+    bytes: usize,
+    _alignment: usize,
+    _hint: u64,
+    _flags: u64,
+) -> i32 {
+    with_driver(|driver| {
+        if bytes == 0 || !put(address, driver.reserve_addresses(bytes as u64)) {
+            return code::INVALID_VALUE;
+        }
+        code::SUCCESS
+    })
+}
+
+/// cuMemAddressFree: accepted.
+#[no_mangle]
+pub extern "C" fn cuMemAddressFree(_address: u64, _bytes: usize) -> i32 {
+    with_driver(|_| code::SUCCESS)
+}
+
+/// cuMemMap: accepted for a live handle (the bytes were charged by cuMemCreate).
+#[no_mangle]
+pub extern "C" fn cuMemMap(
+    _address: u64,
+    _bytes: usize,
+    _offset: usize,
+    handle: u64,
+    _flags: u64,
+) -> i32 {
+    with_driver(|driver| {
+        if driver.physical_known(handle) {
+            code::SUCCESS
+        } else {
+            code::INVALID_HANDLE
+        }
+    })
+}
+
+/// cuMemUnmap: accepted.
+#[no_mangle]
+pub extern "C" fn cuMemUnmap(_address: u64, _bytes: usize) -> i32 {
+    with_driver(|_| code::SUCCESS)
+}
+
+/// cuMemSetAccess: accepted.
+#[no_mangle]
+pub extern "C" fn cuMemSetAccess(
+    _address: u64,
+    _bytes: usize,
+    _descriptors: *const c_void,
+    _count: usize,
+) -> i32 {
+    with_driver(|_| code::SUCCESS)
+}
+
+/// cuDeviceGetDefaultMemPool.
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceGetDefaultMemPool(pool: *mut *mut c_void, device: i32) -> i32 {
+    with_driver(|driver| match driver.device(device) {
+        Some(ordinal) if !pool.is_null() => {
+            put(pool, driver.pool(ordinal, true) as *mut c_void);
+            code::SUCCESS
+        }
+        Some(_) => code::INVALID_VALUE,
+        None => code::INVALID_DEVICE,
+    })
+}
+
+/// cuMemPoolCreate: a pool on the device its properties name.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemPoolCreate(pool: *mut *mut c_void, props: *const c_void) -> i32 {
+    with_driver(|driver| match prop_device(driver, props) {
+        Ok(ordinal) if !pool.is_null() => {
+            put(pool, driver.pool(ordinal, false) as *mut c_void);
+            code::SUCCESS
+        }
+        Ok(_) => code::INVALID_VALUE,
+        Err(error) => error,
+    })
+}
+
+/// cuMemPoolDestroy.
+#[no_mangle]
+pub extern "C" fn cuMemPoolDestroy(pool: *mut c_void) -> i32 {
+    with_driver(|driver| driver.destroy_pool(pool as u64))
+}
+
+/// cuMemGetInfo_v2: the current device's physical free and total.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> i32 {
+    with_driver(|driver| {
+        let ordinal = match driver.current_device() {
+            Ok(ordinal) => ordinal,
+            Err(error) => return error,
+        };
+        let total_bytes = driver.devices[ordinal].total_bytes;
+        let free_bytes = total_bytes.saturating_sub(driver.used_bytes(ordinal));
+        if put(free, free_bytes as usize) && put(total, total_bytes as usize) {
+            code::SUCCESS
+        } else {
+            code::INVALID_VALUE
+        }
+    })
+}
