@@ -291,6 +291,8 @@ impl Run<'_> {
                 _ => Vec::new(),
             };
             self.tracks[index].pending_exit = None;
+            // Fresh ledger figures: a short life may have been refused since the last sample.
+            self.sample_gpu();
             let oom_now = cause::cgroup_oom_kills();
             let oom_kills = match (self.oom_kills, oom_now) {
                 (Some(before), Some(after)) => after.saturating_sub(before),

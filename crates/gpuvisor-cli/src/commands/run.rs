@@ -9,15 +9,14 @@ use std::str::FromStr;
 
 use clap::Args;
 use gpuvisor_core::env::replica_env;
+use gpuvisor_core::inventory::{Inventory, SIM_GPUS_ENV};
 use gpuvisor_core::plan::{plan, Plan, PlanError};
 use gpuvisor_core::size::ByteSize;
 use gpuvisor_core::spec::{read_job_file, Enforcement, JobSpec};
 use gpuvisor_supervisor::clock::human_duration;
 use gpuvisor_supervisor::rundir::{RunDir, RunDirError, DEFAULT_RUNS};
 use gpuvisor_supervisor::spawn::Launch;
-use gpuvisor_supervisor::supervisor::{
-    supervise, Hooks, NoHooks, Options, Outcome, Readiness, ReplicaSpec,
-};
+use gpuvisor_supervisor::supervisor::{supervise, Options, Outcome, Readiness, ReplicaSpec};
 use nix::sys::signal::Signal;
 use regex::bytes::Regex;
 
@@ -26,6 +25,7 @@ mod ledger;
 use crate::cli::InventoryArgs;
 use crate::failure::Failure;
 use crate::inventory::load_inventory;
+use crate::shim;
 use crate::table::Table;
 
 /// Arguments of `gpuvisor run`.
@@ -75,6 +75,12 @@ pub fn run(args: RunArgs) -> Result<ExitCode, Failure> {
         PlanError::Spec(diagnostic) => Failure::bad_input(diagnostic),
     })?;
     let replicas = replica_specs(&job, &plan, &args.job, &readiness)?;
+    // The shim (and with --simulate the stand-in driver) are written out before anything
+    // starts, so a failure here starts nothing.
+    let libraries = match (plan.enforcement, args.inventory.simulate.is_some()) {
+        (Enforcement::Framework, false) => None,
+        (_, with_simulator) => Some(shim::install(with_simulator)?),
+    };
     let run_dir_path = args
         .run_dir
         .clone()
@@ -94,37 +100,67 @@ pub fn run(args: RunArgs) -> Result<ExitCode, Failure> {
     let keeper = std::env::current_exe()?;
     let mut options = Options::new(&job.name, Some(vec![keeper.into(), "__keeper".into()]));
     options.terminal = !args.quiet;
-    let mut hooks: Box<dyn Hooks> = match plan.enforcement {
-        Enforcement::Framework => Box::new(NoHooks),
-        Enforcement::Shim => {
-            let safe_name: String = job
-                .name
-                .chars()
-                .map(|c| {
-                    if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
-                        c
-                    } else {
-                        '_'
-                    }
-                })
-                .collect();
-            let shm = Path::new("/dev/shm");
-            let dir = if shm.is_dir() {
-                shm.to_path_buf()
-            } else {
-                std::env::temp_dir()
-            };
-            remove_stale_ledgers(&dir);
-            let path = dir.join(format!("gpuvisor-{safe_name}-{}", std::process::id()));
-            // The shim library arrives with `gpuvisor exec` (branch sim-exec): until then the
-            // ledger exists and is read, but nothing is preloaded to charge it.
-            Box::new(ledger::LedgerHooks::create(&plan, &path, None, Vec::new())?)
-        }
-    };
-    let outcome = supervise(replicas, &run_dir, options, hooks.as_mut())?;
+    let mut hooks = make_hooks(&job.name, &plan, libraries.as_ref(), &inventory)?;
+    let outcome = supervise(replicas, &run_dir, options, &mut hooks)?;
     eprint!("{}", render_summary(&outcome));
     Ok(ExitCode::from(outcome.status))
 }
+
+/// The ledger (with `enforce = "shim"`) and the environment every replica gets from it and
+/// from the simulator.
+fn make_hooks(
+    job_name: &str,
+    plan: &Plan,
+    libraries: Option<&shim::Libraries>,
+    inventory: &Inventory,
+) -> Result<ledger::LedgerHooks, Failure> {
+    let safe_name: String = job_name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    let shm = Path::new("/dev/shm");
+    let dir = if shm.is_dir() {
+        shm.to_path_buf()
+    } else {
+        std::env::temp_dir()
+    };
+    remove_stale_ledgers(&dir);
+    let pid = std::process::id();
+    let mut extra_env = Vec::new();
+    let mut files = Vec::new();
+    if let Some(sim_dir) = libraries.and_then(|libraries| libraries.sim_dir.as_ref()) {
+        let mut path = sim_dir.display().to_string();
+        if let Some(existing) = std::env::var("LD_LIBRARY_PATH")
+            .ok()
+            .filter(|value| !value.is_empty())
+        {
+            path = format!("{path}:{existing}");
+        }
+        // The simulated GPUs' shared physical accounting, for every process of the job.
+        let state = dir.join(format!("gpuvisor-sim-{safe_name}-{pid}"));
+        extra_env.push(("LD_LIBRARY_PATH".to_string(), Some(path)));
+        extra_env.push((SIM_GPUS_ENV.to_string(), Some(inventory.sim_env_value())));
+        extra_env.push((SIM_STATE_ENV.to_string(), Some(state.display().to_string())));
+        files.push(state);
+    }
+    match plan.enforcement {
+        Enforcement::Framework => Ok(ledger::LedgerHooks::env_only(extra_env, files)),
+        Enforcement::Shim => {
+            let path = dir.join(format!("gpuvisor-{safe_name}-{pid}"));
+            let shim = libraries.map(|libraries| libraries.shim.clone());
+            ledger::LedgerHooks::create(plan, &path, shim, extra_env, files)
+        }
+    }
+}
+
+/// The simulator's state file variable (`gpuvisor-sim` reads it).
+const SIM_STATE_ENV: &str = "GPUVISOR_SIM_STATE";
 
 /// Removes ledgers `gpuvisor-<job>-<pid>` in `dir` that this user's earlier runs left when
 /// they were killed (their pid is gone). Other users' files and live runs' are not touched.

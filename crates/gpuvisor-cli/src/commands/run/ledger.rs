@@ -25,6 +25,8 @@ pub struct LedgerHooks {
     shim: Option<PathBuf>,
     /// Extra variables for every replica (the simulator's, with `--simulate`).
     extra_env: Vec<(String, Option<String>)>,
+    /// Files to remove at the end (the simulator's state).
+    files: Vec<PathBuf>,
     labels: Vec<String>,
     cpu_only: Vec<bool>,
     children_cpu_only: Vec<bool>,
@@ -39,6 +41,7 @@ impl LedgerHooks {
         path: &Path,
         shim: Option<PathBuf>,
         extra_env: Vec<(String, Option<String>)>,
+        files: Vec<PathBuf>,
     ) -> Result<LedgerHooks, Failure> {
         let devices: Vec<DeviceInfo> = plan
             .gpus
@@ -83,6 +86,7 @@ impl LedgerHooks {
             path: path.to_path_buf(),
             shim,
             extra_env,
+            files,
             labels: plan
                 .replicas
                 .iter()
@@ -92,6 +96,22 @@ impl LedgerHooks {
             children_cpu_only: groups.iter().map(|group| group.children_cpu_only).collect(),
             next_event: 0,
         })
+    }
+
+    /// No ledger (`enforce = "framework"`): only `extra_env` for every replica, and `files` to
+    /// remove at the end.
+    pub fn env_only(extra_env: Vec<(String, Option<String>)>, files: Vec<PathBuf>) -> LedgerHooks {
+        LedgerHooks {
+            ledger: None,
+            path: PathBuf::new(),
+            shim: None,
+            extra_env,
+            files,
+            labels: Vec::new(),
+            cpu_only: Vec::new(),
+            children_cpu_only: Vec::new(),
+            next_event: 0,
+        }
     }
 
     fn label(&self, group: u32) -> String {
@@ -108,11 +128,12 @@ impl LedgerHooks {
 
 impl Hooks for LedgerHooks {
     fn before_spawn(&mut self, index: usize) -> std::io::Result<Vec<(String, Option<String>)>> {
-        if let Some(ledger) = &self.ledger {
-            // A restarted replica starts from zero: what its dead processes held is returned.
-            ledger.reclaim_dead_in_group(index as u32);
-        }
         let mut env = self.extra_env.clone();
+        let Some(ledger) = &self.ledger else {
+            return Ok(env);
+        };
+        // A restarted replica starts from zero: what its dead processes held is returned.
+        ledger.reclaim_dead_in_group(index as u32);
         if let Some(shim) = &self.shim {
             let mut preload = OsString::from(shim.as_os_str());
             if let Some(existing) = std::env::var_os("LD_PRELOAD").filter(|value| !value.is_empty())
@@ -191,6 +212,9 @@ impl Hooks for LedgerHooks {
     }
 
     fn finish(&mut self) -> Vec<Event> {
+        for file in &self.files {
+            let _ = std::fs::remove_file(file);
+        }
         let Some(ledger) = self.ledger.take() else {
             return Vec::new();
         };
@@ -223,8 +247,14 @@ mod tests {
     fn the_ledger_gets_a_group_per_replica_and_denials_become_events() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("ledger");
-        let mut hooks =
-            LedgerHooks::create(&plan(), &path, Some("/lib/shim.so".into()), Vec::new()).unwrap();
+        let mut hooks = LedgerHooks::create(
+            &plan(),
+            &path,
+            Some("/lib/shim.so".into()),
+            Vec::new(),
+            Vec::new(),
+        )
+        .unwrap();
         let env = hooks.before_spawn(1).unwrap();
         let value = |name: &str| env.iter().find(|(n, _)| n == name).map(|(_, v)| v.clone());
         assert_eq!(value("GPUVISOR_GROUP"), Some(Some("1".into())));
