@@ -247,6 +247,11 @@ memory = "4GiB"
     assert_eq!(run.code, Some(0), "{}", run.stderr);
     let after = util::run(&["ps", run_arg]);
     assert!(after.stdout.contains("finished"), "{}", after.stdout);
+    assert!(
+        after.stdout.contains("? / 4.0 GiB"),
+        "budgets come from plan.json: {}",
+        after.stdout
+    );
     let stopped = util::run(&["stop", run_arg]);
     assert_eq!(
         stopped.code,

@@ -48,12 +48,13 @@ pub fn ps(args: PsArgs) -> Result<ExitCode, Failure> {
     let (rows, live) = match request(&socket_path(&run), &Request::Ps) {
         Ok(reply) => (rows_of(reply)?, true),
         Err(_) => {
-            let rows = ps_from_record(&run.join("events.jsonl")).map_err(|error| {
+            let mut rows = ps_from_record(&run.join("events.jsonl")).map_err(|error| {
                 Failure::unavailable(format!(
                     "cannot read the run record {}: {error}",
                     run.join("events.jsonl").display()
                 ))
             })?;
+            add_budgets(&run, &mut rows);
             (rows, false)
         }
     };
@@ -125,6 +126,28 @@ pub fn restart(args: RestartArgs) -> Result<ExitCode, Failure> {
     };
     let run = resolve_run(run.as_deref())?;
     send(&run, &Request::Restart { process })
+}
+
+/// Budgets from the run's plan.json (the record's events do not repeat them).
+fn add_budgets(run: &Path, rows: &mut [PsRow]) {
+    let Ok(text) = std::fs::read_to_string(run.join("plan.json")) else {
+        return;
+    };
+    let Ok(plan) = serde_json::from_str::<Value>(&text) else {
+        return;
+    };
+    for replica in plan["replicas"].as_array().into_iter().flatten() {
+        let process = replica["process"].as_str().unwrap_or_default();
+        let number = replica["replica"].as_u64().unwrap_or(0);
+        let label = if replica["replicas"].as_u64().unwrap_or(1) > 1 {
+            format!("{process}[{number}]")
+        } else {
+            process.to_string()
+        };
+        if let Some(row) = rows.iter_mut().find(|row| row.label == label) {
+            row.budget_bytes = replica["budget_bytes"].as_u64().unwrap_or(0);
+        }
+    }
 }
 
 fn is_run_dir(text: &str) -> bool {
