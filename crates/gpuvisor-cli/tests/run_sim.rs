@@ -67,3 +67,54 @@ device = "cpu"
         .iter()
         .any(|event| event["kind"] == "clean-up" && event["what"] == "ledger"));
 }
+
+#[test]
+fn children_cpu_only_keeps_the_gpu_for_the_replica_and_refuses_its_children() {
+    let dir = tempfile::tempdir().unwrap();
+    let program = linked().display().to_string();
+    let job = format!(
+        r#"
+[process.trainer]
+command = ["{program}", "init", "ctx", "0", "alloc", "1GiB", "spawn", "2", "init", "ctx", "0", "alloc", "1GiB"]
+framework = "cuda"
+memory = "4GiB"
+children_cpu_only = true
+"#
+    );
+    std::fs::write(dir.path().join("job.toml"), job).unwrap();
+    let output = gpuvisor()
+        .current_dir(dir.path())
+        .args([
+            "run",
+            "job.toml",
+            "--run-dir",
+            "run",
+            "--simulate",
+            "1x16GiB",
+            "--quiet",
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let log = std::fs::read_to_string(dir.path().join("run/logs/trainer.log")).unwrap();
+    let allocs: Vec<&str> = log
+        .lines()
+        .filter(|line| line.contains(" alloc "))
+        .collect();
+    assert_eq!(allocs.len(), 3, "{log}\n{stderr}");
+    assert!(
+        allocs[0].ends_with("rc=0"),
+        "the trainer itself keeps the GPU: {log}"
+    );
+    assert!(
+        allocs[1..].iter().all(|line| !line.ends_with("rc=0")),
+        "its children are refused: {log}"
+    );
+    let events =
+        gpuvisor_supervisor::events::read_events(&dir.path().join("run/events.jsonl")).unwrap();
+    let violations = events
+        .iter()
+        .filter(|event| event["kind"] == "violation")
+        .count();
+    assert_eq!(violations, 2, "{events:#?}");
+}

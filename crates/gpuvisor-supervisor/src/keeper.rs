@@ -70,6 +70,12 @@ pub fn run(parent: i32, command: &[OsString]) -> ! {
     }
     let mut child = Command::new(&command[0]);
     child.args(&command[1..]);
+    // The shim, preloaded into this keeper too, made the keeper the root of the replica's tree
+    // (GPUVISOR_ROOT_PID); the root is the command, or `children_cpu_only` would refuse it.
+    let me = std::process::id().to_string();
+    if std::env::var("GPUVISOR_ROOT_PID").is_ok_and(|root| root == me) {
+        child.env_remove("GPUVISOR_ROOT_PID");
+    }
     clear_mask_in_child(&mut child);
     let child = match child.spawn() {
         Ok(child) => child,
