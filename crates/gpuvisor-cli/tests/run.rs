@@ -223,6 +223,11 @@ memory = "4GiB"
     assert_eq!(json["live"], true);
     assert_eq!(json["replicas"][1]["label"], "worker[1]");
     assert_eq!(json["replicas"][1]["budget_bytes"], 4u64 << 30);
+    // `pid` is the command's (here `sh`), `group` its keeper's process group.
+    let pid = json["replicas"][0]["pid"].as_i64().unwrap();
+    let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap();
+    assert_eq!(comm.trim(), "sh");
+    assert_ne!(json["replicas"][0]["group"], json["replicas"][0]["pid"]);
     let table = util::run(&["ps", run_arg]);
     assert!(
         table.stdout.contains("worker[0]") && table.stdout.contains("/ 4.0 GiB"),

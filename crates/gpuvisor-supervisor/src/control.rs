@@ -50,8 +50,11 @@ pub struct PsRow {
     pub label: String,
     /// `running`, `backoff`, `exited`, ...
     pub state: String,
-    /// The keeper's pid (its process group) while it runs.
+    /// The pid of its command while it runs.
     pub pid: Option<i32>,
+    /// Its process group (the keeper's pid) while it runs.
+    #[serde(default)]
+    pub group: Option<i32>,
     /// Restarts so far.
     pub restarts: u32,
     /// GPU memory in use now (ledger), bytes.

@@ -60,6 +60,8 @@ pub enum LogEvent {
 /// How many lines of output are kept for exit-cause classification.
 pub const TAIL_LINES: usize = 40;
 const READ_BYTES: usize = 1 << 16;
+/// How long [`LogPump::finish`] waits for pipes still open.
+const FINISH_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
 const TAIL_KEEP_BYTES: usize = 16 << 10;
 
 struct Registration {
@@ -195,12 +197,18 @@ struct Pump {
 impl Pump {
     fn run(&mut self) {
         let mut accepting = true;
+        let mut finishing_since = None;
         loop {
             if accepting {
                 accepting = self.accept();
             }
-            if !accepting && self.streams.is_empty() {
-                return;
+            if !accepting {
+                // Every process is gone by now; a pipe still open after a while is held by
+                // something outside the job (it inherited it): stop waiting for it.
+                let since = *finishing_since.get_or_insert_with(std::time::Instant::now);
+                if self.streams.is_empty() || since.elapsed() > FINISH_WAIT {
+                    return;
+                }
             }
             let readable = {
                 let mut fds: Vec<PollFd> = Vec::with_capacity(self.streams.len() + 1);

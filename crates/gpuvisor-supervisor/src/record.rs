@@ -32,6 +32,7 @@ pub fn ps_from_events(events: &[Map<String, Value>]) -> Vec<PsRow> {
                     label: label.to_string(),
                     state: "waiting".into(),
                     pid: None,
+                    group: None,
                     restarts: 0,
                     gpu_used_bytes: None,
                     gpu_peak_bytes: None,
@@ -54,6 +55,7 @@ pub fn ps_from_events(events: &[Map<String, Value>]) -> Vec<PsRow> {
             "exit" => {
                 row.state = "exited".into();
                 row.pid = None;
+                row.group = None;
                 row.last_exit = event
                     .get("summary")
                     .and_then(Value::as_str)

@@ -260,7 +260,11 @@ impl Run<'_> {
                 replica: spec.replica,
                 label: spec.label.clone(),
                 state: slot.phase.name().to_string(),
-                pid: track.pid,
+                // The command is the keeper's first child.
+                pid: track
+                    .pid
+                    .map(|keeper| procfs::children(keeper).first().copied().unwrap_or(keeper)),
+                group: track.pid,
                 restarts: slot.restarts,
                 gpu_used_bytes: track.gpu.map(|gpu| gpu.used_bytes),
                 gpu_peak_bytes: track.gpu.map(|gpu| gpu.peak_bytes),
