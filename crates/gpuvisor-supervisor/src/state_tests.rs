@@ -1,6 +1,7 @@
 //! State-machine tests with fake children: every input is made up, no process runs.
 
 use super::*;
+use gpuvisor_core::spec::RestartSpec;
 
 fn member(process: &str, after: &[&str]) -> Member {
     Member {
