@@ -396,3 +396,31 @@ fn replicas_feel_sigint_even_when_gpuvisor_was_started_ignoring_it() {
     let exit = record.iter().find(|e| e["kind"] == "exit").unwrap();
     assert_eq!(exit["summary"], "stopped (SIGINT)", "{exit:?}");
 }
+
+#[test]
+fn the_job_files_restart_table_drives_restarts_and_the_crash_loop() {
+    let (dir, path) = job(r#"
+[process.flaky]
+command = ["sh", "-c", "echo 'RuntimeError: CUDA error: an illegal memory access was encountered' >&2; exit 3"]
+device = "cpu"
+
+[process.flaky.restart]
+policy = "on-failure"
+max_restarts = 2
+window = "60s"
+backoff = "50ms"
+backoff_max = "1s"
+"#);
+    let run = finish(start_run(dir.path(), &path, &[]));
+    assert_eq!(run.code, Some(1), "{}", run.stderr);
+    let record = events(dir.path());
+    assert_eq!(count(&record, "start", "flaky"), 3);
+    assert_eq!(count(&record, "restart", "flaky"), 2);
+    assert_eq!(count(&record, "crash-loop", "flaky"), 1);
+    let exit = record.iter().find(|e| e["kind"] == "exit").unwrap();
+    assert_eq!(
+        exit["cause"], "cuda-error",
+        "the log tail names it: {exit:?}"
+    );
+    assert!(run.stderr.contains("CUDA error"), "{}", run.stderr);
+}

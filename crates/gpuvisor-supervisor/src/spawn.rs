@@ -295,3 +295,48 @@ impl Reaper {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn launch(argv: &[&str], cwd: Option<&Path>) -> Launch {
+        Launch {
+            argv: argv.iter().map(|arg| arg.to_string()).collect(),
+            env: Vec::new(),
+            cwd: cwd.map(Path::to_path_buf),
+        }
+    }
+
+    #[test]
+    fn commands_are_found_as_exec_would_or_refused_with_the_reason() {
+        let dir = tempfile::tempdir().unwrap();
+        let script = dir.path().join("run.sh");
+        std::fs::write(&script, "#!/bin/sh\n").unwrap();
+        // Not executable yet.
+        let error = resolve_command(&launch(&["./run.sh"], Some(dir.path()))).unwrap_err();
+        assert_eq!(error.kind(), io::ErrorKind::PermissionDenied);
+        assert!(
+            error.to_string().contains("not an executable file"),
+            "{error}"
+        );
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+        // Relative to the replica's cwd.
+        assert_eq!(
+            resolve_command(&launch(&["./run.sh"], Some(dir.path()))).unwrap(),
+            script
+        );
+        // Through PATH, the replica's own PATH first.
+        let mut through_path = launch(&["run.sh"], None);
+        through_path
+            .env
+            .push(("PATH".into(), Some(dir.path().display().to_string())));
+        assert_eq!(resolve_command(&through_path).unwrap(), script);
+        let missing = resolve_command(&launch(&["no-such-gpuvisor-command"], None)).unwrap_err();
+        assert!(
+            missing.to_string().contains("not found in PATH"),
+            "{missing}"
+        );
+        assert!(resolve_command(&launch(&[""], None)).is_err());
+    }
+}
