@@ -424,3 +424,52 @@ backoff_max = "1s"
     );
     assert!(run.stderr.contains("CUDA error"), "{}", run.stderr);
 }
+
+#[test]
+fn a_slow_terminal_drops_lines_there_but_never_slows_the_job_or_the_files() {
+    let (dir, path) =
+        job("[process.chatty]\ncommand = [\"seq\", \"1\", \"300000\"]\ndevice = \"cpu\"\n");
+    let mut child = gpuvisor()
+        .current_dir(dir.path())
+        .arg("run")
+        .arg(&path)
+        .arg("--run-dir")
+        .arg(dir.path().join("run"))
+        .args(["--simulate", "1x80GiB"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // A terminal reading 2 KiB every 10 ms: about 200 kB/s, 20 s for all 2.3 MB of output.
+    let mut stdout = child.stdout.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        use std::io::Read;
+        let mut seen = Vec::new();
+        let mut buffer = [0u8; 2048];
+        loop {
+            match stdout.read(&mut buffer) {
+                Ok(0) | Err(_) => return seen,
+                Ok(count) => seen.extend_from_slice(&buffer[..count]),
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    });
+    let started = Instant::now();
+    assert!(
+        wait_for(15, || count(&events(dir.path()), "exit", "chatty") == 1),
+        "the child was held up by the terminal"
+    );
+    let child_done = started.elapsed();
+    let status = child.wait().unwrap();
+    let shown = String::from_utf8(reader.join().unwrap()).unwrap();
+    assert!(status.success());
+    assert!(child_done < Duration::from_secs(10), "{child_done:?}");
+    assert!(
+        shown.contains("lines not shown here, all are in the log file"),
+        "{}",
+        &shown[..shown.len().min(500)]
+    );
+    assert!(shown.starts_with("chatty | 1\n"), "{}", &shown[..100]);
+    let log = std::fs::read_to_string(dir.path().join("run/logs/chatty.log")).unwrap();
+    assert_eq!(log.lines().count(), 300_000);
+}
