@@ -181,7 +181,7 @@ grace = "60s"
     kill(supervisor, Signal::SIGINT).unwrap();
     let run = finish(child);
     assert!(second.elapsed() < Duration::from_secs(10));
-    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    assert_eq!(run.code, Some(130), "stopped by SIGINT: {}", run.stderr);
     let record = events(dir.path());
     let polite_exit = record
         .iter()

@@ -166,7 +166,8 @@ pub struct SummaryRow {
 /// How the job ended.
 #[derive(Debug, Clone)]
 pub struct Outcome {
-    /// The exit status for gpuvisor: 0 if nothing failed for good, 1 otherwise.
+    /// The exit status for gpuvisor: 1 if something failed for good; else 128 + the signal if
+    /// a signal stopped the job (130 for Ctrl-C); else 0.
     pub status: u8,
     /// One row per replica.
     pub rows: Vec<SummaryRow>,
@@ -302,6 +303,7 @@ pub fn supervise(
         oom_kills: cause::cgroup_oom_kills(),
         memory_limit: cause::memory_limit_bytes(),
         interrupts: 0,
+        first_signal: None,
         job_end: None,
     };
     run.events.write(
@@ -310,7 +312,11 @@ pub fn supervise(
             .with("pid", std::process::id())
             .with("replicas", run.specs.len()),
     );
-    let status = run.main_loop(&receiver);
+    let mut status = run.main_loop(&receiver);
+    if let (0, Some(signal)) = (status, run.first_signal) {
+        // Stopped by a signal with nothing failed: say so, as shells do (130 for SIGINT).
+        status = 128 + signal as u8;
+    }
     run.finish_job(&receiver);
     reaper_stop.store(true, Ordering::SeqCst);
     let _ = reaper.join();
@@ -351,6 +357,7 @@ struct Run<'hooks> {
     oom_kills: Option<u64>,
     memory_limit: Option<u64>,
     interrupts: u32,
+    first_signal: Option<Signal>,
     job_end: Option<Event>,
 }
 

@@ -181,6 +181,7 @@ impl Run<'_> {
                 self.events
                     .write(&Event::new("signal-received").with("signal", signal.as_str()));
                 self.interrupts += 1;
+                self.first_signal.get_or_insert(signal);
                 if self.interrupts == 1 {
                     inputs.push(Input::Shutdown(format!("{} received", signal.as_str())));
                 } else {
