@@ -25,7 +25,7 @@ pub struct PsArgs {
     pub json: bool,
 }
 
-/// Arguments of `gpuvisor stop`.
+/// Arguments of `gpuvisor stop`. Stopping a whole job waits until it is down.
 #[derive(Debug, Args)]
 pub struct StopArgs {
     /// `[RUN] [PROCESS]`: the run directory (default: the latest in ./runs) and the process to
@@ -114,7 +114,18 @@ pub fn stop(args: StopArgs) -> Result<ExitCode, Failure> {
         _ => unreachable!("clap allows at most two"),
     };
     let run = resolve_run(run.as_deref())?;
-    send(&run, &Request::Stop { process })
+    let whole_job = process.is_none();
+    let code = send(&run, &Request::Stop { process })?;
+    if whole_job {
+        // The supervisor removes its socket as its very last step: wait for that, so `stop`
+        // returns when the job is down (each process has its grace period, then SIGKILL).
+        let socket = socket_path(&run);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(600);
+        while socket.exists() && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    }
+    Ok(code)
 }
 
 /// Restarts one process of a run.
