@@ -21,7 +21,6 @@
 use std::collections::VecDeque;
 
 use gpuvisor_core::spec::RestartPolicy;
-use serde_json::Value;
 
 use crate::events::Event;
 
@@ -554,15 +553,6 @@ fn next_random(state: &mut u64) -> u64 {
 fn jitter(base: u64, random: u64) -> u64 {
     let factor = 0.8 + (random % 4000) as f64 / 10_000.0;
     (base as f64 * factor) as u64
-}
-
-/// The text of an event field, for tests and summaries.
-pub fn field_text(event: &Event, name: &str) -> String {
-    match event.fields.get(name) {
-        Some(Value::String(text)) => text.clone(),
-        Some(other) => other.to_string(),
-        None => String::new(),
-    }
 }
 
 #[cfg(test)]
