@@ -118,3 +118,57 @@ children_cpu_only = true
         .count();
     assert_eq!(violations, 2, "{events:#?}");
 }
+
+#[test]
+fn ps_shows_each_replicas_gpu_memory_against_its_budget_while_it_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let program = linked().display().to_string();
+    let job = format!(
+        r#"
+[process.holder]
+command = ["{program}", "init", "ctx", "0", "alloc", "1GiB", "sleep", "20000"]
+framework = "cuda"
+memory = "2GiB"
+"#
+    );
+    std::fs::write(dir.path().join("job.toml"), job).unwrap();
+    let mut child = gpuvisor()
+        .current_dir(dir.path())
+        .args([
+            "run",
+            "job.toml",
+            "--run-dir",
+            "run",
+            "--simulate",
+            "1x16GiB",
+            "--quiet",
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let run_dir = dir.path().join("run");
+    let ps = || -> Value {
+        let output = gpuvisor()
+            .arg("ps")
+            .arg(&run_dir)
+            .arg("--json")
+            .output()
+            .unwrap();
+        serde_json::from_slice(&output.stdout).unwrap_or(Value::Null)
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let mut last = Value::Null;
+    while std::time::Instant::now() < deadline {
+        last = ps();
+        if last["replicas"][0]["gpu_used_bytes"] == 1u64 << 30 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let _ = gpuvisor().arg("stop").arg(&run_dir).output();
+    let _ = child.wait();
+    assert_eq!(last["replicas"][0]["gpu_used_bytes"], 1u64 << 30, "{last}");
+    assert_eq!(last["replicas"][0]["budget_bytes"], 2u64 << 30);
+    assert_eq!(last["live"], true);
+}
