@@ -473,3 +473,48 @@ fn a_slow_terminal_drops_lines_there_but_never_slows_the_job_or_the_files() {
     let log = std::fs::read_to_string(dir.path().join("run/logs/chatty.log")).unwrap();
     assert_eq!(log.lines().count(), 300_000);
 }
+
+#[test]
+fn a_replica_whose_keeper_dies_leaves_nothing_behind() {
+    // The keeper is SIGKILLed (as the OOM killer might); its command must not run on alone,
+    // while the job goes on (the replica restarts).
+    let (dir, path) = job(
+        "[process.orphaned]\ncommand = [\"sleep\", \"300\"]\ndevice = \"cpu\"\nrestart = \"always\"\n",
+    );
+    let child = start_run(dir.path(), &path, &[]);
+    assert!(wait_for(20, || count(
+        &events(dir.path()),
+        "start",
+        "orphaned"
+    ) == 1));
+    let record = events(dir.path());
+    let keeper = record.iter().find(|e| e["kind"] == "start").unwrap()["pid"]
+        .as_i64()
+        .unwrap() as i32;
+    let mut sleeper = 0;
+    assert!(wait_for(10, || {
+        sleeper = gpuvisor_supervisor::procfs::children(keeper)
+            .first()
+            .copied()
+            .unwrap_or(0);
+        sleeper != 0
+    }));
+    kill(Pid::from_raw(keeper), Signal::SIGKILL).unwrap();
+    assert!(
+        wait_for(5, || !alive(sleeper)),
+        "the command outlived its keeper"
+    );
+    assert!(wait_for(20, || count(
+        &events(dir.path()),
+        "start",
+        "orphaned"
+    ) == 2));
+    let exit = events(dir.path())
+        .into_iter()
+        .find(|e| e["kind"] == "exit")
+        .unwrap();
+    assert_eq!(exit["signal"], "SIGKILL");
+    kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM).unwrap();
+    let run = finish(child);
+    assert_eq!(run.code, Some(143), "{}", run.stderr);
+}

@@ -274,6 +274,12 @@ impl Reaper {
                 }
                 Err(_) => continue,
             };
+            // Still a zombie, so its pid cannot have been reused: if it led a process group
+            // (a keeper), whatever is left in that group lost its keeper (say the keeper was
+            // OOM-killed) and goes with it.
+            if crate::procfs::stat(pid.as_raw()).is_some_and(|stat| stat.pgid == stat.pid) {
+                let _ = nix::sys::signal::killpg(pid, Signal::SIGKILL);
+            }
             let status = {
                 let _guard = self
                     .lock
