@@ -518,3 +518,18 @@ fn a_replica_whose_keeper_dies_leaves_nothing_behind() {
     let run = finish(child);
     assert_eq!(run.code, Some(143), "{}", run.stderr);
 }
+
+#[test]
+fn a_cpu_only_job_runs_without_a_gpu_or_simulate() {
+    let (dir, path) = job("[process.a]\ncommand = [\"echo\", \"hello\"]\ndevice = \"cpu\"\n");
+    let run: Run = gpuvisor()
+        .current_dir(dir.path())
+        .arg("run")
+        .arg(&path)
+        .args(["--run-dir", "run"])
+        .output()
+        .unwrap()
+        .into();
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    assert_eq!(run.stdout, "a | hello\n");
+}

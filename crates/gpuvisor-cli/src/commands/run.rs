@@ -9,10 +9,10 @@ use std::str::FromStr;
 
 use clap::Args;
 use gpuvisor_core::env::replica_env;
-use gpuvisor_core::inventory::{Inventory, SIM_GPUS_ENV};
+use gpuvisor_core::inventory::{Inventory, InventorySource, SIM_GPUS_ENV};
 use gpuvisor_core::plan::{plan, Plan, PlanError};
 use gpuvisor_core::size::ByteSize;
-use gpuvisor_core::spec::{read_job_file, Enforcement, JobSpec};
+use gpuvisor_core::spec::{read_job_file, DeviceKind, Enforcement, JobSpec};
 use gpuvisor_supervisor::clock::human_duration;
 use gpuvisor_supervisor::rundir::{RunDir, RunDirError, DEFAULT_RUNS};
 use gpuvisor_supervisor::spawn::Launch;
@@ -69,7 +69,19 @@ pub fn keeper(args: KeeperArgs) -> Result<ExitCode, Failure> {
 pub fn run(args: RunArgs) -> Result<ExitCode, Failure> {
     let job = read_job_file(&args.job).map_err(Failure::bad_input)?;
     let readiness = parse_readiness(&args.ready, &job)?;
-    let inventory = load_inventory(args.inventory.simulate.as_deref())?;
+    let cpu_only_job = job
+        .processes
+        .iter()
+        .all(|process| process.device == DeviceKind::Cpu);
+    let inventory = match load_inventory(args.inventory.simulate.as_deref()) {
+        // A job of CPU-only processes needs no GPU, nor a driver to list them.
+        Err(_) if cpu_only_job && args.inventory.simulate.is_none() => Inventory {
+            source: InventorySource::Nvml,
+            driver_version: None,
+            gpus: Vec::new(),
+        },
+        result => result?,
+    };
     let plan = plan(&job, &inventory).map_err(|error| match error {
         PlanError::Infeasible { .. } => Failure::bad_input(error),
         PlanError::Spec(diagnostic) => Failure::bad_input(diagnostic),
