@@ -20,23 +20,52 @@ fn job(text: &str) -> (tempfile::TempDir, PathBuf) {
     (dir, path)
 }
 
-/// `gpuvisor run JOB --run-dir DIR/run --simulate 1x80GiB --quiet EXTRA...`, started.
-fn start_run(dir: &Path, job: &Path, extra: &[&str]) -> Child {
-    gpuvisor()
-        .current_dir(dir)
-        .arg("run")
-        .arg(job)
-        .arg("--run-dir")
-        .arg(dir.join("run"))
-        .args(["--simulate", "1x80GiB", "--quiet"])
-        .args(extra)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap()
+/// A started `gpuvisor run`, killed if a test fails before it ends (its keepers then take
+/// the job down with it).
+struct Running(Option<Child>);
+
+impl std::ops::Deref for Running {
+    type Target = Child;
+    fn deref(&self) -> &Child {
+        self.0.as_ref().expect("running")
+    }
 }
 
-fn finish(child: Child) -> Run {
+impl std::ops::DerefMut for Running {
+    fn deref_mut(&mut self) -> &mut Child {
+        self.0.as_mut().expect("running")
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.0.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// `gpuvisor run JOB --run-dir DIR/run --simulate 1x80GiB --quiet EXTRA...`, started.
+fn start_run(dir: &Path, job: &Path, extra: &[&str]) -> Running {
+    Running(Some(
+        gpuvisor()
+            .current_dir(dir)
+            .arg("run")
+            .arg(job)
+            .arg("--run-dir")
+            .arg(dir.join("run"))
+            .args(["--simulate", "1x80GiB", "--quiet"])
+            .args(extra)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    ))
+}
+
+fn finish(mut running: Running) -> Run {
+    let child = running.0.take().expect("running");
     child.wait_with_output().unwrap().into()
 }
 
@@ -369,17 +398,19 @@ fn replicas_feel_sigint_even_when_gpuvisor_was_started_ignoring_it() {
     // A shell starting gpuvisor in the background ignores SIGINT for it; the replicas must
     // not inherit that, or a graceful stop always ends in SIGKILL.
     let (dir, path) = job("[process.sleeper]\ncommand = [\"sleep\", \"300\"]\ndevice = \"cpu\"\n");
-    let child = std::process::Command::new("sh")
-        .arg("-c")
-        .arg("trap '' INT; exec \"$0\" run \"$1\" --run-dir \"$2\" --simulate 1x80GiB --quiet")
-        .arg(env!("CARGO_BIN_EXE_gpuvisor"))
-        .arg(&path)
-        .arg(dir.path().join("run"))
-        .current_dir(dir.path())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let child = Running(Some(
+        std::process::Command::new("sh")
+            .arg("-c")
+            .arg("trap '' INT; exec \"$0\" run \"$1\" --run-dir \"$2\" --simulate 1x80GiB --quiet")
+            .arg(env!("CARGO_BIN_EXE_gpuvisor"))
+            .arg(&path)
+            .arg(dir.path().join("run"))
+            .current_dir(dir.path())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    ));
     assert!(wait_for(20, || count(
         &events(dir.path()),
         "start",
@@ -429,17 +460,19 @@ backoff_max = "1s"
 fn a_slow_terminal_drops_lines_there_but_never_slows_the_job_or_the_files() {
     let (dir, path) =
         job("[process.chatty]\ncommand = [\"seq\", \"1\", \"300000\"]\ndevice = \"cpu\"\n");
-    let mut child = gpuvisor()
-        .current_dir(dir.path())
-        .arg("run")
-        .arg(&path)
-        .arg("--run-dir")
-        .arg(dir.path().join("run"))
-        .args(["--simulate", "1x80GiB"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = Running(Some(
+        gpuvisor()
+            .current_dir(dir.path())
+            .arg("run")
+            .arg(&path)
+            .arg("--run-dir")
+            .arg(dir.path().join("run"))
+            .args(["--simulate", "1x80GiB"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    ));
     // A terminal reading 2 KiB every 10 ms: about 200 kB/s, 20 s for all 2.3 MB of output.
     let mut stdout = child.stdout.take().unwrap();
     let reader = std::thread::spawn(move || {
