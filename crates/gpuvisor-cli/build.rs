@@ -2,8 +2,10 @@
 //! crate alone is enough: the ledger (rlib, linked into the shim), the shim (the LD_PRELOAD
 //! cdylib) and the GPU simulator (a cdylib with the soname `libcuda.so.1`).
 //!
-//! They are compiled with the same `rustc` cargo uses, into OUT_DIR, and hashed (SHA-256) so
-//! the binary can check the copies it writes to its cache directory (src/shim.rs).
+//! They are compiled with the same `rustc` (and linker) cargo uses, into OUT_DIR, and hashed
+//! (SHA-256) so the binary can check the copies it writes to its cache directory (src/shim.rs).
+//!
+//! It also records the git revision for `gpuvisor --version` (GPUVISOR_VERSION_DETAIL).
 
 #[path = "src/sha256.rs"]
 #[allow(dead_code)]
@@ -29,7 +31,46 @@ fn main() {
     }
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-changed=src/sha256.rs");
+    println!(
+        "cargo:rustc-env=GPUVISOR_VERSION_DETAIL={}",
+        version_detail(&manifest)
+    );
 
+    build_libraries(&crates, &manifest, &out);
+    let (shim, sim) = (out.join("libgpuvisor_shim.so"), out.join("libcuda.so.1"));
+    for (variable, path) in [("SHIM", &shim), ("SIM", &sim)] {
+        let bytes = std::fs::read(path)
+            .unwrap_or_else(|error| panic!("reading {}: {error}", path.display()));
+        println!(
+            "cargo:rustc-env=GPUVISOR_EMBEDDED_{variable}_PATH={}",
+            path.display()
+        );
+        println!(
+            "cargo:rustc-env=GPUVISOR_EMBEDDED_{variable}_SHA256={}",
+            sha256::sha256_hex(&bytes)
+        );
+    }
+}
+
+/// Builds the ledger, shim and simulator into `out`, unless the copies there were built from
+/// the same sources with the same compiler, linker and target. The script reruns on every
+/// commit (the git revision), and this keeps a commit from rebuilding the libraries.
+fn build_libraries(crates: &Path, manifest: &Path, out: &Path) {
+    let inputs = format!(
+        "rustc={:?} linker={:?} target={:?} newest-source={:?}",
+        std::env::var("RUSTC").ok(),
+        std::env::var("RUSTC_LINKER").ok(),
+        std::env::var("TARGET").ok(),
+        ["gpuvisor-ledger", "gpuvisor-shim", "gpuvisor-sim"]
+            .iter()
+            .map(|name| newest_mtime(&crates.join(name).join("src")))
+            .chain([newest_mtime(&manifest.join("build.rs"))])
+            .max()
+    );
+    let stamp = out.join("libraries.stamp");
+    if std::fs::read_to_string(&stamp).is_ok_and(|built| built == inputs) {
+        return;
+    }
     let ledger = out.join("libgpuvisor_ledger.rlib");
     rustc(
         &crates.join("gpuvisor-ledger/src/lib.rs"),
@@ -55,19 +96,88 @@ fn main() {
         &sim,
         &["-C", "link-arg=-Wl,-soname,libcuda.so.1"],
     );
+    std::fs::write(&stamp, inputs)
+        .unwrap_or_else(|error| panic!("writing {}: {error}", stamp.display()));
+}
 
-    for (variable, path) in [("SHIM", &shim), ("SIM", &sim)] {
-        let bytes = std::fs::read(path)
-            .unwrap_or_else(|error| panic!("reading {}: {error}", path.display()));
-        println!(
-            "cargo:rustc-env=GPUVISOR_EMBEDDED_{variable}_PATH={}",
-            path.display()
-        );
-        println!(
-            "cargo:rustc-env=GPUVISOR_EMBEDDED_{variable}_SHA256={}",
-            sha256::sha256_hex(&bytes)
-        );
+/// The newest modification time under `path` (a file or a directory tree), as a sortable
+/// duration since the epoch.
+fn newest_mtime(path: &Path) -> Option<std::time::Duration> {
+    let metadata = std::fs::metadata(path).ok()?;
+    let own = metadata
+        .modified()
+        .ok()?
+        .duration_since(std::time::UNIX_EPOCH)
+        .ok();
+    if !metadata.is_dir() {
+        return own;
     }
+    let entries = std::fs::read_dir(path).ok()?;
+    entries
+        .filter_map(|entry| newest_mtime(&entry.ok()?.path()))
+        .chain(own)
+        .max()
+}
+
+/// What `gpuvisor --version` shows after the version number: `git abc1234 2026-11-22`.
+///
+/// From $GPUVISOR_GIT_REV when a packager sets it; else from the git checkout holding this
+/// crate; else from the `.cargo_vcs_info.json` that `cargo package` writes; else `unknown`.
+fn version_detail(manifest: &Path) -> String {
+    println!("cargo:rerun-if-env-changed=GPUVISOR_GIT_REV");
+    if let Some(rev) = std::env::var("GPUVISOR_GIT_REV")
+        .ok()
+        .filter(|rev| !rev.trim().is_empty())
+    {
+        return format!("git {}", rev.trim());
+    }
+    if let Some(detail) = git_checkout_detail(manifest) {
+        return detail;
+    }
+    // A crate packaged from a clean checkout records its commit here.
+    let vcs_info =
+        std::fs::read_to_string(manifest.join(".cargo_vcs_info.json")).unwrap_or_default();
+    if let Some(sha1) = vcs_info
+        .split("\"sha1\"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').nth(1))
+    {
+        return format!("git {}", &sha1[..sha1.len().min(7)]);
+    }
+    "git unknown".to_string()
+}
+
+/// `git abc1234 2026-11-22` (short hash, commit date) when this crate is tracked by the git
+/// repository around it; asks cargo to rerun when HEAD moves.
+fn git_checkout_detail(manifest: &Path) -> Option<String> {
+    let git = |args: &[&str]| -> Option<String> {
+        let output = Command::new("git")
+            .args(args)
+            .current_dir(manifest)
+            .output()
+            .ok()?;
+        let text = String::from_utf8(output.stdout).ok()?;
+        (output.status.success() && !text.trim().is_empty()).then(|| text.trim().to_string())
+    };
+    // Not some unrelated repository this crate happens to sit in (an unpacked crate in a
+    // user's dotfiles repository, say): it must track build.rs.
+    git(&["ls-files", "--error-unmatch", "build.rs"])?;
+    let rev = git(&["rev-parse", "--short=7", "HEAD"])?;
+    let date = git(&["log", "-1", "--format=%cs", "HEAD"]).unwrap_or_default();
+    // HEAD names the branch; the branch file (or packed-refs) changes on each commit.
+    let mut watched = vec![git(&["rev-parse", "--git-path", "HEAD"])];
+    if let Some(branch) = git(&["symbolic-ref", "-q", "HEAD"]) {
+        watched.push(git(&["rev-parse", "--git-path", &branch]));
+    }
+    watched.push(git(&["rev-parse", "--git-path", "packed-refs"]));
+    for path in watched.into_iter().flatten() {
+        let path = manifest.join(path);
+        // A missing file would make cargo rerun the script on every build.
+        if path.exists() {
+            println!("cargo:rerun-if-changed={}", path.display());
+        }
+    }
+    Some(format!("git {rev} {date}").trim_end().to_string())
 }
 
 /// Compiles one crate root with plain rustc, optimised, for the target cargo builds for.
@@ -106,6 +216,11 @@ fn rustc(root: &Path, crate_name: &str, crate_type: &str, output: &Path, extra: 
     );
     if !target.is_empty() && target != host {
         command.args(["--target", &target]);
+    }
+    // The linker cargo uses for the binary (e.g. maturin's zig wrapper for an older glibc):
+    // the libraries must need no newer glibc than the binary carrying them.
+    if let Ok(linker) = std::env::var("RUSTC_LINKER") {
+        command.arg("-C").arg(format!("linker={linker}"));
     }
     let status = command
         .status()

@@ -4,13 +4,22 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
+/// The version `--version` prints: `0.1.0 (git abc1234 2026-11-22)`, the revision and commit
+/// date recorded by build.rs (`git unknown` outside a git checkout).
+pub const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (",
+    env!("GPUVISOR_VERSION_DETAIL"),
+    ")"
+);
+
 /// Share NVIDIA GPUs between processes without out-of-memory crashes: plan per-process
 /// memory budgets, start each process with the right settings for its framework, enforce the
 /// budgets, and show who holds what.
 #[derive(Debug, Parser)]
 #[command(
     name = "gpuvisor",
-    version,
+    version = VERSION,
     propagate_version = true,
     max_term_width = 100
 )]
@@ -56,6 +65,12 @@ pub enum Command {
     /// Internal: the per-replica keeper `run` puts between itself and each process.
     #[command(name = "__keeper", hide = true)]
     Keeper(crate::commands::run::KeeperArgs),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell) to standard
+    /// output.
+    Completions(crate::commands::completions::CompletionsArgs),
+    /// Print gpuvisor's man page (roff) to standard output, or write one page per command
+    /// into a directory.
+    Man(crate::commands::completions::ManArgs),
 }
 
 /// Where GPU information comes from.

@@ -1,5 +1,6 @@
 //! One module per command; [`run`] dispatches.
 
+pub mod completions;
 mod doctor;
 mod exec;
 mod explain;
@@ -28,5 +29,7 @@ pub fn run(cli: Cli) -> Result<ExitCode, Failure> {
         Command::Stop(args) => ps::stop(args),
         Command::Restart(args) => ps::restart(args),
         Command::Keeper(args) => run::keeper(args),
+        Command::Completions(args) => completions::completions(args),
+        Command::Man(args) => completions::man(args),
     }
 }
