@@ -63,12 +63,15 @@ fn build_libraries(crates: &Path, manifest: &Path, out: &Path) {
         std::env::var("TARGET").ok(),
         ["gpuvisor-ledger", "gpuvisor-shim", "gpuvisor-sim"]
             .iter()
-            .map(|name| newest_mtime(&crates.join(name).join("src")))
-            .chain([newest_mtime(&manifest.join("build.rs"))])
+            .filter_map(|name| newest_mtime(&crates.join(name).join("src")))
+            .chain(newest_mtime(&manifest.join("build.rs")))
             .max()
     );
     let stamp = out.join("libraries.stamp");
-    if std::fs::read_to_string(&stamp).is_ok_and(|built| built == inputs) {
+    let outputs = ["libgpuvisor_shim.so", "libcuda.so.1"].map(|name| out.join(name));
+    if std::fs::read_to_string(&stamp).is_ok_and(|built| built == inputs)
+        && outputs.iter().all(|output| output.is_file())
+    {
         return;
     }
     let ledger = out.join("libgpuvisor_ledger.rlib");
