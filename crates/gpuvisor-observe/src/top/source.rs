@@ -1,0 +1,499 @@
+//! Where `top`'s data comes from, behind [`TopSource`]: a run directory ([`RunSource`]: the
+//! supervisor's control socket while it runs, its record after) or the whole machine
+//! ([`MachineSource`]: every process holding GPU memory, like nvitop).
+//!
+//! GPU figures come through a [`GpuProbe`] the caller provides (NVML or the simulated
+//! inventory, which live in the CLI); CPU and resident memory come from /proc here.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant, SystemTime};
+
+use gpuvisor_core::inventory::GpuProcess;
+use serde_json::{json, Value};
+
+use super::app::Action;
+use super::model::{GpuView, ProcessRow, Segment, TopModel, UTIL_HISTORY_LEN};
+use super::record::{
+    event_line, log_path, parse_events, parse_log_lines, parse_plan, read_tail, rows_from_events,
+    rows_from_ps, PlanInfo, TAIL_BYTES,
+};
+
+/// How many events the screen keeps.
+const EVENTS_KEPT: usize = 200;
+/// How many log lines a tail keeps.
+const LOG_LINES_KEPT: usize = 500;
+
+/// A source of frames for `top`.
+pub trait TopSource {
+    /// Reads the current state; `selected` is the row whose log tail to include.
+    fn poll(&mut self, selected: Option<&str>) -> TopModel;
+    /// Carries out a restart or stop; the answer is the status-line message.
+    fn act(&mut self, action: &Action) -> Result<String, String>;
+}
+
+/// One GPU as a probe sees it right now.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct GpuSample {
+    /// NVML index.
+    pub index: u32,
+    /// Model name.
+    pub name: String,
+    /// Total memory, bytes.
+    pub total_bytes: u64,
+    /// Memory in use by anyone, bytes.
+    pub used_bytes: Option<u64>,
+    /// Utilisation in percent, when the probe can read it.
+    pub util_percent: Option<u8>,
+    /// The processes holding memory on it.
+    pub processes: Vec<GpuProcess>,
+}
+
+/// Reads the GPUs of the machine (NVML or a simulated inventory); an error is shown in the
+/// status line and the last figures stay.
+pub type GpuProbe = Box<dyn FnMut() -> Result<Vec<GpuSample>, String>>;
+
+/// Sends one request to a supervisor's control socket and reads its one-line JSON reply.
+pub fn control_request(socket: &Path, request: &Value) -> std::io::Result<Value> {
+    let mut stream = UnixStream::connect(socket)?;
+    // A supervisor busy stopping a job answers late; the UI must not freeze for long.
+    stream.set_read_timeout(Some(Duration::from_secs(3)))?;
+    stream.set_write_timeout(Some(Duration::from_secs(3)))?;
+    let mut line = request.to_string();
+    line.push('\n');
+    stream.write_all(line.as_bytes())?;
+    let mut reply = String::new();
+    BufReader::new(stream).read_line(&mut reply)?;
+    serde_json::from_str(&reply).map_err(std::io::Error::other)
+}
+
+/// CPU and resident memory per process group or pid, from /proc, with CPU as the change of
+/// CPU time between two polls.
+#[derive(Debug, Default)]
+pub struct ProcStats {
+    last: HashMap<u32, (u64, Instant)>,
+}
+
+/// One process's figures from /proc/PID/stat.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProcStat {
+    /// The process.
+    pub pid: u32,
+    /// Its process group.
+    pub pgrp: u32,
+    /// User + system CPU time, clock ticks.
+    pub cpu_ticks: u64,
+    /// Resident pages.
+    pub rss_pages: u64,
+}
+
+/// Parses /proc/PID/stat (the command name may hold spaces and parentheses: fields are
+/// counted after the last `)`).
+pub fn parse_proc_stat(pid: u32, text: &str) -> Option<ProcStat> {
+    let after = &text[text.rfind(')')? + 1..];
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    // After the name: state(3) ppid(4) pgrp(5) ... utime(14) stime(15) ... rss(24).
+    let field = |n: usize| fields.get(n - 3).and_then(|f| f.parse::<u64>().ok());
+    Some(ProcStat {
+        pid,
+        pgrp: field(5)? as u32,
+        cpu_ticks: field(14)? + field(15)?,
+        rss_pages: field(24)?,
+    })
+}
+
+impl ProcStats {
+    /// Every process of the machine (those that vanish while read are skipped).
+    pub fn scan() -> Vec<ProcStat> {
+        let Ok(entries) = std::fs::read_dir("/proc") else {
+            return Vec::new();
+        };
+        entries
+            .flatten()
+            .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
+            .filter_map(|pid| {
+                let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+                parse_proc_stat(pid, &text)
+            })
+            .collect()
+    }
+
+    /// CPU percent of one core and resident bytes for `key` (a pid or a process group)
+    /// whose processes now use `cpu_ticks` and `rss_pages` in total. CPU needs two polls.
+    pub fn figures(&mut self, key: u32, cpu_ticks: u64, rss_pages: u64) -> (Option<f32>, u64) {
+        let now = Instant::now();
+        let rss_bytes = rss_pages * rustix::param::page_size() as u64;
+        let cpu = self
+            .last
+            .insert(key, (cpu_ticks, now))
+            .and_then(|(ticks, then)| {
+                let seconds = now.duration_since(then).as_secs_f32();
+                // A group that lost processes can go down in total: no figure then.
+                (seconds > 0.0 && cpu_ticks >= ticks).then(|| {
+                    let hz = rustix::param::clock_ticks_per_second() as f32;
+                    (cpu_ticks - ticks) as f32 / hz / seconds * 100.0
+                })
+            });
+        (cpu, rss_bytes)
+    }
+}
+
+fn push_util(history: &mut VecDeque<u8>, sample: Option<u8>) {
+    if let Some(percent) = sample {
+        if history.len() == UTIL_HISTORY_LEN {
+            history.pop_front();
+        }
+        history.push_back(percent);
+    }
+}
+
+fn seconds_since(modified: std::io::Result<SystemTime>) -> Option<u64> {
+    let modified = modified.ok()?;
+    Some(
+        SystemTime::now()
+            .duration_since(modified)
+            .unwrap_or_default()
+            .as_secs(),
+    )
+}
+
+/// A run directory: live through its control socket while the supervisor answers, else from
+/// its record (plan.json, events.jsonl, logs/).
+pub struct RunSource {
+    run: PathBuf,
+    probe: Option<GpuProbe>,
+    plan: Option<PlanInfo>,
+    procs: ProcStats,
+    util: BTreeMap<u32, VecDeque<u8>>,
+}
+
+impl RunSource {
+    /// A source over `run`; `probe` adds per-GPU usage and utilisation when given.
+    pub fn new(run: PathBuf, probe: Option<GpuProbe>) -> Self {
+        Self {
+            run,
+            probe,
+            plan: None,
+            procs: ProcStats::default(),
+            util: BTreeMap::new(),
+        }
+    }
+
+    fn socket(&self) -> PathBuf {
+        self.run.join("control.sock")
+    }
+
+    fn plan(&mut self) -> Result<&PlanInfo, String> {
+        if self.plan.is_none() {
+            let path = self.run.join("plan.json");
+            let text = std::fs::read_to_string(&path)
+                .map_err(|error| format!("cannot read {}: {error}", path.display()))?;
+            let plan = parse_plan(&text)
+                .map_err(|error| format!("cannot read {}: {error}", path.display()))?;
+            self.plan = Some(plan);
+        }
+        Ok(self.plan.as_ref().expect("just set"))
+    }
+}
+
+impl TopSource for RunSource {
+    fn poll(&mut self, selected: Option<&str>) -> TopModel {
+        let mut model = TopModel {
+            title: self.run.display().to_string(),
+            supervised: true,
+            ..TopModel::default()
+        };
+        let plan = match self.plan() {
+            Ok(plan) => plan.clone(),
+            Err(why) => {
+                model.warning = Some(why);
+                PlanInfo::default()
+            }
+        };
+        let events_text =
+            read_tail(&self.run.join("events.jsonl"), TAIL_BYTES * 4).unwrap_or_default();
+        let events = parse_events(&events_text);
+        let live = control_request(&self.socket(), &json!({"cmd": "ps"}))
+            .ok()
+            .filter(|reply| reply["ok"] == true);
+        model.rows = match &live {
+            Some(reply) => {
+                model.source_note = "live".to_string();
+                rows_from_ps(&reply["replicas"])
+            }
+            None => {
+                model.source_note = "not running: from its record".to_string();
+                // The event tail may have lost a run's first events; restarts then count
+                // from there.
+                rows_from_events(&plan, &events)
+            }
+        };
+
+        // CPU and RSS of each replica's process group (its keeper's), when it runs.
+        let groups = live.as_ref().map(|reply| {
+            reply["replicas"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|r| Some((r["label"].as_str()?.to_string(), r["group"].as_u64()?)))
+                .collect::<HashMap<String, u64>>()
+        });
+        if let Some(groups) = groups.filter(|groups| !groups.is_empty()) {
+            let mut totals: HashMap<u32, (u64, u64)> = HashMap::new();
+            for stat in ProcStats::scan() {
+                let total = totals.entry(stat.pgrp).or_default();
+                total.0 += stat.cpu_ticks;
+                total.1 += stat.rss_pages;
+            }
+            for row in &mut model.rows {
+                let Some(&group) = groups.get(&row.key) else {
+                    continue;
+                };
+                if let Some(&(ticks, pages)) = totals.get(&(group as u32)) {
+                    let (cpu, rss) = self.procs.figures(group as u32, ticks, pages);
+                    row.cpu_percent = cpu;
+                    row.rss_bytes = Some(rss);
+                }
+            }
+        }
+
+        for row in &mut model.rows {
+            if let Some(planned) = plan.replicas.iter().find(|p| p.label == row.key) {
+                let path = self.run.join(log_path(
+                    &planned.process,
+                    planned.replica,
+                    planned.replicas,
+                ));
+                row.since_log_secs =
+                    seconds_since(std::fs::metadata(&path).and_then(|m| m.modified()));
+            }
+        }
+
+        let samples = match self.probe.as_mut().map(|probe| probe()) {
+            Some(Ok(samples)) => samples,
+            Some(Err(why)) => {
+                model.warning.get_or_insert(why);
+                Vec::new()
+            }
+            None => Vec::new(),
+        };
+        for gpu in &plan.gpus {
+            let sample = samples.iter().find(|s| s.index == gpu.index);
+            let history = self.util.entry(gpu.index).or_default();
+            push_util(history, sample.and_then(|s| s.util_percent));
+            let segments = plan
+                .replicas
+                .iter()
+                .filter(|replica| replica.gpus.contains(&gpu.index) && replica.budget_bytes > 0)
+                .map(|replica| {
+                    let used = model
+                        .rows
+                        .iter()
+                        .find(|row| row.key == replica.label)
+                        .and_then(|row| row.gpu_used_bytes)
+                        .unwrap_or(0);
+                    Segment {
+                        label: replica.label.clone(),
+                        // The ledger's figure is the replica's total; spread it over its GPUs.
+                        used_bytes: used / replica.gpus.len().max(1) as u64,
+                        budget_bytes: Some(replica.budget_bytes),
+                    }
+                })
+                .collect();
+            model.gpus.push(GpuView {
+                index: gpu.index,
+                name: gpu.name.clone(),
+                total_bytes: gpu.total_bytes,
+                used_bytes: sample.and_then(|s| s.used_bytes),
+                segments,
+                util_history: history.clone(),
+            });
+        }
+
+        model.events = events
+            .iter()
+            .rev()
+            .take(EVENTS_KEPT)
+            .rev()
+            .map(event_line)
+            .collect();
+
+        let selected = selected.and_then(|key| plan.replicas.iter().find(|p| p.label == key));
+        match selected {
+            Some(planned) => {
+                let relative = log_path(&planned.process, planned.replica, planned.replicas);
+                match read_tail(&self.run.join(&relative), TAIL_BYTES) {
+                    Ok(text) => {
+                        let mut lines = parse_log_lines(&text);
+                        lines.drain(..lines.len().saturating_sub(LOG_LINES_KEPT));
+                        model.log_tail = lines;
+                        model.log_title = relative;
+                    }
+                    Err(_) => model.log_title = format!("{relative} (none yet)"),
+                }
+            }
+            None => model.log_title = "no process selected".to_string(),
+        }
+        model
+    }
+
+    fn act(&mut self, action: &Action) -> Result<String, String> {
+        let (request, done) = match action {
+            Action::Restart(process) => (
+                json!({"cmd": "restart", "process": process}),
+                format!("restart of {process} requested"),
+            ),
+            Action::Stop(process) => (
+                json!({"cmd": "stop", "process": process}),
+                format!("stop of {process} requested"),
+            ),
+            Action::None | Action::Quit => return Ok(String::new()),
+        };
+        let reply = control_request(&self.socket(), &request)
+            .map_err(|error| format!("the run is not running (control socket: {error})"))?;
+        if reply["ok"] == true {
+            Ok(done)
+        } else {
+            let error = reply["error"].as_str().unwrap_or("the supervisor refused");
+            Err(error.lines().next().unwrap_or(error).to_string())
+        }
+    }
+}
+
+/// Every process holding GPU memory on this machine, refreshed from the probe each poll.
+pub struct MachineSource {
+    probe: GpuProbe,
+    note: String,
+    procs: ProcStats,
+    util: BTreeMap<u32, VecDeque<u8>>,
+    seen: BTreeMap<u32, String>,
+    events: Vec<super::model::EventLine>,
+}
+
+impl MachineSource {
+    /// A source over `probe`; `note` says where its figures come from (`NVML`,
+    /// `simulated: 2x80GiB`).
+    pub fn new(probe: GpuProbe, note: String) -> Self {
+        Self {
+            probe,
+            note,
+            procs: ProcStats::default(),
+            util: BTreeMap::new(),
+            seen: BTreeMap::new(),
+            events: Vec::new(),
+        }
+    }
+}
+
+impl TopSource for MachineSource {
+    fn poll(&mut self, _selected: Option<&str>) -> TopModel {
+        let mut model = TopModel {
+            title: "all GPU processes on this machine".to_string(),
+            source_note: self.note.clone(),
+            log_title: "none: processes not started by gpuvisor run have no log here".to_string(),
+            ..TopModel::default()
+        };
+        let samples = match (self.probe)() {
+            Ok(samples) => samples,
+            Err(why) => {
+                model.warning = Some(why);
+                Vec::new()
+            }
+        };
+        let stats: HashMap<u32, super::source::ProcStat> =
+            ProcStats::scan().into_iter().map(|s| (s.pid, s)).collect();
+        let mut rows: BTreeMap<u32, ProcessRow> = BTreeMap::new();
+        for sample in &samples {
+            let history = self.util.entry(sample.index).or_default();
+            push_util(history, sample.util_percent);
+            let mut processes = sample.processes.clone();
+            processes.sort_by_key(|p| p.pid);
+            model.gpus.push(GpuView {
+                index: sample.index,
+                name: sample.name.clone(),
+                total_bytes: sample.total_bytes,
+                used_bytes: sample.used_bytes,
+                segments: processes
+                    .iter()
+                    .map(|p| Segment {
+                        label: format!("{} ({})", p.name.as_deref().unwrap_or("?"), p.pid),
+                        used_bytes: p.used_bytes.unwrap_or(0),
+                        budget_bytes: None,
+                    })
+                    .collect(),
+                util_history: history.clone(),
+            });
+            for process in processes {
+                let row = rows.entry(process.pid).or_insert_with(|| ProcessRow {
+                    key: process.pid.to_string(),
+                    name: process.name.clone().unwrap_or_else(|| "?".to_string()),
+                    pid: Some(process.pid),
+                    state: "on GPU".to_string(),
+                    ..ProcessRow::default()
+                });
+                row.state.push_str(&format!(" {}", sample.index));
+                if let Some(bytes) = process.used_bytes {
+                    *row.gpu_used_bytes.get_or_insert(0) += bytes;
+                }
+            }
+        }
+        for row in rows.values_mut() {
+            let pid = row.pid.unwrap_or(0);
+            if let Some(stat) = stats.get(&pid) {
+                let (cpu, rss) = self.procs.figures(pid, stat.cpu_ticks, stat.rss_pages);
+                row.cpu_percent = cpu;
+                row.rss_bytes = Some(rss);
+            }
+        }
+        // Arrivals and departures are the events of a machine-wide view.
+        let clock = utc_clock(SystemTime::now());
+        for row in rows.values() {
+            let pid = row.pid.unwrap_or(0);
+            if !self.seen.contains_key(&pid) {
+                self.events.push(super::model::EventLine {
+                    time: clock.clone(),
+                    kind: "start".to_string(),
+                    text: format!("{} pid {pid} holds GPU memory", row.name),
+                });
+            }
+        }
+        let gone: Vec<(u32, String)> = self
+            .seen
+            .iter()
+            .filter(|(pid, _)| !rows.contains_key(pid))
+            .map(|(pid, name)| (*pid, name.clone()))
+            .collect();
+        for (pid, name) in gone {
+            self.events.push(super::model::EventLine {
+                time: clock.clone(),
+                kind: "exit".to_string(),
+                text: format!("{name} pid {pid} released the GPU"),
+            });
+        }
+        self.seen = rows
+            .iter()
+            .map(|(pid, row)| (*pid, row.name.clone()))
+            .collect();
+        let excess = self.events.len().saturating_sub(EVENTS_KEPT);
+        self.events.drain(..excess);
+        model.events = self.events.clone();
+        model.rows = rows.into_values().collect();
+        model
+    }
+
+    fn act(&mut self, _action: &Action) -> Result<String, String> {
+        Err("no run: restart and stop need `gpuvisor top RUN`".to_string())
+    }
+}
+
+/// `HH:MM:SS` UTC of a time.
+fn utc_clock(time: SystemTime) -> String {
+    let secs = time
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs();
+    let day = secs % 86_400;
+    format!("{:02}:{:02}:{:02}", day / 3600, day / 60 % 60, day % 60)
+}

@@ -1,0 +1,112 @@
+//! The interactive loop of `gpuvisor top` on a real terminal: raw mode and the alternate
+//! screen (restored on every way out, panics included), a poll of the source each interval,
+//! and keys handled as they come.
+
+use std::io;
+use std::time::{Duration, Instant};
+
+use ratatui::crossterm::event::{self, Event, KeyCode, KeyEventKind, KeyModifiers};
+use ratatui::crossterm::execute;
+use ratatui::crossterm::terminal::{
+    disable_raw_mode, enable_raw_mode, EnterAlternateScreen, LeaveAlternateScreen,
+};
+use ratatui::prelude::CrosstermBackend;
+use ratatui::Terminal;
+
+use super::app::{handle_key, Action, Key, TopApp};
+use super::render::{render, render_to_text};
+use super::source::TopSource;
+
+/// Whether to draw with colours: not when `NO_COLOR` is set (no-color.org) or the terminal
+/// is `dumb` or unknown.
+pub fn color_supported() -> bool {
+    let no_color = std::env::var_os("NO_COLOR").is_some_and(|value| !value.is_empty());
+    let term = std::env::var("TERM").unwrap_or_default();
+    !no_color && !term.is_empty() && term != "dumb"
+}
+
+/// One frame as text: a single poll of the source rendered at `width` × `height`.
+pub fn render_once(source: &mut dyn TopSource, width: u16, height: u16) -> String {
+    let mut app = TopApp::new(source.poll(None), false);
+    // The log tail is of the selected row, which is known only after the first poll.
+    if app.selected.is_some() {
+        let model = source.poll(app.selected.as_deref());
+        app.set_model(model);
+    }
+    render_to_text(&app, width, height)
+}
+
+/// Puts the terminal back however the loop ends.
+struct Restore;
+
+impl Drop for Restore {
+    fn drop(&mut self) {
+        let _ = disable_raw_mode();
+        let _ = execute!(
+            io::stdout(),
+            LeaveAlternateScreen,
+            ratatui::crossterm::cursor::Show
+        );
+    }
+}
+
+/// Runs `top` until the user quits, polling `source` every `interval`.
+pub fn run_interactive(source: &mut dyn TopSource, interval: Duration) -> io::Result<()> {
+    let color = color_supported();
+    enable_raw_mode()?;
+    let _restore = Restore;
+    execute!(io::stdout(), EnterAlternateScreen)?;
+    let mut terminal = Terminal::new(CrosstermBackend::new(io::stdout()))?;
+    terminal.clear()?;
+
+    let mut app = TopApp::new(source.poll(None), color);
+    let mut next_poll = Instant::now();
+    loop {
+        if Instant::now() >= next_poll {
+            let model = source.poll(app.selected.as_deref());
+            app.set_model(model);
+            next_poll = Instant::now() + interval;
+        }
+        terminal.draw(|frame| render(frame, &app))?;
+        let wait = next_poll.saturating_duration_since(Instant::now());
+        if !event::poll(wait)? {
+            continue;
+        }
+        let Event::Key(key_event) = event::read()? else {
+            // A resize redraws at the top of the loop.
+            continue;
+        };
+        if key_event.kind == KeyEventKind::Release {
+            continue;
+        }
+        let key = match key_event.code {
+            KeyCode::Char('c') if key_event.modifiers.contains(KeyModifiers::CONTROL) => Key::CtrlC,
+            KeyCode::Char(c) => Key::Char(c),
+            KeyCode::Up => Key::Up,
+            KeyCode::Down => Key::Down,
+            KeyCode::PageUp => Key::PageUp,
+            KeyCode::PageDown => Key::PageDown,
+            KeyCode::Home => Key::Home,
+            KeyCode::End => Key::End,
+            KeyCode::Enter => Key::Enter,
+            KeyCode::Esc => Key::Esc,
+            _ => continue,
+        };
+        let selected_before = app.selected.clone();
+        match handle_key(&mut app, key) {
+            Action::Quit => return Ok(()),
+            Action::None => {}
+            action => {
+                app.message = Some(match source.act(&action) {
+                    Ok(message) => message,
+                    Err(error) => format!("failed: {error}"),
+                });
+                next_poll = Instant::now();
+            }
+        }
+        // Another row's log tail is needed now, not at the next tick.
+        if app.selected != selected_before {
+            next_poll = Instant::now();
+        }
+    }
+}

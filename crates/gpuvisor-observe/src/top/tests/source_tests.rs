@@ -1,0 +1,215 @@
+//! The sources against a run directory with a fake supervisor socket, and a fake GPU probe.
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixListener;
+use std::sync::{Arc, Mutex};
+
+use gpuvisor_core::inventory::GpuProcess;
+use serde_json::{json, Value};
+
+use super::record_tests::{EVENTS, PLAN};
+use crate::top::app::Action;
+use crate::top::source::{parse_proc_stat, GpuSample, MachineSource, RunSource, TopSource};
+
+fn run_dir() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("plan.json"), PLAN).unwrap();
+    std::fs::write(dir.path().join("events.jsonl"), EVENTS).unwrap();
+    std::fs::create_dir(dir.path().join("logs")).unwrap();
+    std::fs::write(
+        dir.path().join("logs/actor.1.log"),
+        "2026-11-22T00:16:43.000Z O actor 1 up\n2026-11-22T00:16:44.000Z E warning: slow\n",
+    )
+    .unwrap();
+    dir
+}
+
+/// Answers `ps` with two replicas (one in this process's own process group, so CPU and RSS
+/// have something to read) and records every other request.
+fn fake_supervisor(socket: &std::path::Path) -> Arc<Mutex<Vec<Value>>> {
+    let listener = UnixListener::bind(socket).unwrap();
+    let requests = Arc::new(Mutex::new(Vec::new()));
+    let seen = Arc::clone(&requests);
+    let own_stat = std::fs::read_to_string("/proc/self/stat").unwrap();
+    let own_group = parse_proc_stat(std::process::id(), &own_stat).unwrap().pgrp;
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(stream) = stream else { return };
+            let mut reader = BufReader::new(stream.try_clone().unwrap());
+            let mut line = String::new();
+            while reader.read_line(&mut line).unwrap_or(0) > 0 {
+                let request: Value = serde_json::from_str(&line).unwrap();
+                let reply = if request["cmd"] == "ps" {
+                    json!({"ok": true, "job": "isaac-rl", "replicas": [
+                        {"process": "learner", "replica": 0, "label": "learner", "state": "running",
+                         "pid": 101, "group": own_group, "restarts": 0, "gpu_used_bytes": 20u64 << 30,
+                         "gpu_peak_bytes": 21u64 << 30, "budget_bytes": 24u64 << 30},
+                        {"process": "actor", "replica": 1, "label": "actor[1]", "state": "running",
+                         "pid": 104, "restarts": 1, "gpu_used_bytes": 3u64 << 30,
+                         "budget_bytes": 8u64 << 30}
+                    ]})
+                } else if request["process"] == "nope" {
+                    json!({"ok": false, "error": "no process `nope` in job isaac-rl\n  hint: processes are: learner, actor"})
+                } else {
+                    seen.lock().unwrap().push(request.clone());
+                    json!({"ok": true})
+                };
+                let mut stream = &stream;
+                writeln!(stream, "{reply}").unwrap();
+                line.clear();
+            }
+        }
+    });
+    requests
+}
+
+#[test]
+fn a_live_run_reads_the_socket_and_sends_restarts() {
+    let dir = run_dir();
+    let requests = fake_supervisor(&dir.path().join("control.sock"));
+    let probe = Box::new(|| {
+        Ok(vec![GpuSample {
+            index: 0,
+            used_bytes: Some(25 << 30),
+            util_percent: Some(64),
+            ..GpuSample::default()
+        }])
+    });
+    let mut source = RunSource::new(dir.path().to_path_buf(), Some(probe));
+    let model = source.poll(Some("actor[1]"));
+    assert_eq!(model.source_note, "live");
+    assert!(model.warning.is_none(), "{:?}", model.warning);
+    let keys: Vec<&str> = model.rows.iter().map(|r| r.key.as_str()).collect();
+    assert_eq!(keys, ["learner", "actor[1]"]);
+    // RSS of the replica in our own process group: this test process at least.
+    assert!(model.rows[0].rss_bytes.unwrap() > 1 << 20);
+    assert_eq!(model.rows[1].rss_bytes, None, "no group, no figure");
+    assert!(model.rows[1].since_log_secs.unwrap() < 60);
+    // The GPU: the plan's device, the probe's figures, one segment per GPU replica.
+    let gpu = &model.gpus[0];
+    assert_eq!(gpu.total_bytes, 80 << 30);
+    assert_eq!(gpu.used_bytes, Some(25 << 30));
+    assert_eq!(gpu.util_history.back(), Some(&64));
+    let segments: Vec<(&str, u64, Option<u64>)> = gpu
+        .segments
+        .iter()
+        .map(|s| (s.label.as_str(), s.used_bytes, s.budget_bytes))
+        .collect();
+    assert_eq!(
+        segments,
+        [
+            ("learner", 20 << 30, Some(24 << 30)),
+            ("actor[0]", 0, Some(8 << 30)),
+            ("actor[1]", 3 << 30, Some(8 << 30)),
+        ],
+        "the CPU-only collector holds no segment"
+    );
+    assert_eq!(model.log_title, "logs/actor.1.log");
+    assert_eq!(model.log_tail.len(), 2);
+    assert!(model.log_tail[1].stderr);
+    assert_eq!(model.events.last().unwrap().kind, "job-end");
+
+    // A second poll: CPU now has a figure and the util history grows.
+    let model = source.poll(Some("learner"));
+    assert!(model.rows[0].cpu_percent.is_some());
+    assert_eq!(model.gpus[0].util_history.len(), 2);
+    assert_eq!(model.log_title, "logs/learner.log (none yet)");
+
+    assert_eq!(
+        source.act(&Action::Restart("actor".into())),
+        Ok("restart of actor requested".into())
+    );
+    assert_eq!(
+        source.act(&Action::Stop("learner".into())),
+        Ok("stop of learner requested".into())
+    );
+    assert_eq!(
+        source.act(&Action::Restart("nope".into())),
+        Err("no process `nope` in job isaac-rl".into())
+    );
+    assert_eq!(
+        *requests.lock().unwrap(),
+        [
+            json!({"cmd": "restart", "process": "actor"}),
+            json!({"cmd": "stop", "process": "learner"})
+        ]
+    );
+}
+
+#[test]
+fn a_finished_run_reads_its_record() {
+    let dir = run_dir();
+    let mut source = RunSource::new(dir.path().to_path_buf(), None);
+    let model = source.poll(None);
+    assert_eq!(model.source_note, "not running: from its record");
+    assert_eq!(model.rows.len(), 4);
+    assert_eq!(model.rows[1].state, "exited (failed)");
+    assert_eq!(model.gpus[0].util_history.len(), 0);
+    assert_eq!(model.events.len(), 12);
+    let error = source.act(&Action::Stop("learner".into())).unwrap_err();
+    assert!(error.starts_with("the run is not running"), "{error}");
+}
+
+#[test]
+fn a_directory_without_a_plan_warns_and_still_draws() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut source = RunSource::new(dir.path().to_path_buf(), None);
+    let model = source.poll(None);
+    assert!(model.warning.unwrap().contains("plan.json"));
+    assert!(model.rows.is_empty());
+}
+
+#[test]
+fn machine_wide_rows_come_and_go_with_events() {
+    let own = std::process::id();
+    let tick = Arc::new(Mutex::new(0));
+    let ticks = Arc::clone(&tick);
+    let probe = Box::new(move || {
+        let n = *ticks.lock().unwrap();
+        let mut processes = vec![GpuProcess {
+            pid: own,
+            used_bytes: Some(5 << 30),
+            name: Some("python3".into()),
+        }];
+        if n == 0 {
+            processes.push(GpuProcess {
+                pid: 999_999_999,
+                used_bytes: None,
+                name: None,
+            });
+        }
+        Ok(vec![GpuSample {
+            index: 0,
+            name: "GPU".into(),
+            total_bytes: 80 << 30,
+            used_bytes: Some(6 << 30),
+            util_percent: None,
+            processes,
+        }])
+    });
+    let mut source = MachineSource::new(probe, "simulated".into());
+    let model = source.poll(None);
+    assert!(!model.supervised);
+    assert_eq!(model.rows.len(), 2);
+    assert_eq!(model.rows[0].pid, Some(own));
+    assert_eq!(model.rows[0].state, "on GPU 0");
+    assert_eq!(model.rows[0].gpu_used_bytes, Some(5 << 30));
+    assert!(
+        model.rows[0].rss_bytes.is_some(),
+        "this process is in /proc"
+    );
+    assert_eq!(model.rows[1].rss_bytes, None, "that pid is not");
+    assert_eq!(
+        model.gpus[0].segments[0].label,
+        "python3 (".to_string() + &own.to_string() + ")"
+    );
+    assert_eq!(model.events.len(), 2);
+    *tick.lock().unwrap() = 1;
+    let model = source.poll(None);
+    assert_eq!(model.rows.len(), 1);
+    assert!(model.rows[0].cpu_percent.is_some());
+    let last = model.events.last().unwrap();
+    assert_eq!(last.kind, "exit");
+    assert_eq!(last.text, "? pid 999999999 released the GPU");
+    assert!(source.act(&Action::Stop("python3".into())).is_err());
+}
