@@ -5,6 +5,7 @@ mod exec;
 mod explain;
 mod gpus;
 mod plan;
+mod top;
 
 use std::process::ExitCode;
 
@@ -19,6 +20,7 @@ pub fn run(cli: Cli) -> Result<ExitCode, Failure> {
         Command::Explain(args) => explain::run(args),
         Command::Doctor(args) => doctor::run(args),
         Command::Exec(args) => exec::run(args),
+        Command::Top(args) => top::run(args),
         Command::ExecChild(args) => Ok(exec::run_child(args)),
         Command::ExecSample(args) => Ok(exec::run_sampler(args.ledger)),
     }

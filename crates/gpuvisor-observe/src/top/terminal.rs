@@ -25,6 +25,17 @@ pub fn color_supported() -> bool {
     !no_color && !term.is_empty() && term != "dumb"
 }
 
+/// The terminal's size when standard output is one, for `--once`.
+pub fn screen_size() -> Option<(u16, u16)> {
+    use std::io::IsTerminal;
+    if !io::stdout().is_terminal() {
+        return None;
+    }
+    ratatui::crossterm::terminal::size()
+        .ok()
+        .filter(|&(width, height)| width > 0 && height > 0)
+}
+
 /// One frame as text: a single poll of the source rendered at `width` × `height`.
 pub fn render_once(source: &mut dyn TopSource, width: u16, height: u16) -> String {
     let mut app = TopApp::new(source.poll(None), false);
