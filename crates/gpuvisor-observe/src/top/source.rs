@@ -402,8 +402,6 @@ impl TopSource for MachineSource {
                 Vec::new()
             }
         };
-        let stats: HashMap<u32, super::source::ProcStat> =
-            ProcStats::scan().into_iter().map(|s| (s.pid, s)).collect();
         let mut rows: BTreeMap<u32, ProcessRow> = BTreeMap::new();
         for sample in &samples {
             let history = self.util.entry(sample.index).or_default();
@@ -441,7 +439,11 @@ impl TopSource for MachineSource {
         }
         for row in rows.values_mut() {
             let pid = row.pid.unwrap_or(0);
-            if let Some(stat) = stats.get(&pid) {
+            // Only the GPU processes are read, not all of /proc.
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .ok()
+                .and_then(|text| parse_proc_stat(pid, &text));
+            if let Some(stat) = stat {
                 let (cpu, rss) = self.procs.figures(pid, stat.cpu_ticks, stat.rss_pages);
                 row.cpu_percent = cpu;
                 row.rss_bytes = Some(rss);
