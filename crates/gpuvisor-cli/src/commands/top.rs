@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use gpuvisor_core::inventory::Inventory;
 use gpuvisor_observe::top::source::GpuProbe;
-use gpuvisor_observe::top::terminal::{render_once, run_interactive, screen_size};
+use gpuvisor_observe::top::terminal::{render_once, run_interactive, screen_size, LoopOptions};
 use gpuvisor_observe::top::{GpuSample, MachineSource, RunSource, TopSource};
 use nvml_wrapper::Nvml;
 
@@ -52,8 +52,11 @@ pub fn run(args: TopArgs) -> Result<ExitCode, Failure> {
             "standard output is not a terminal, so there is nothing to draw the live view on\n  hint: `gpuvisor top --once` prints one frame as text",
         ));
     }
-    let interval = Duration::from_millis(args.interval_ms.max(50));
-    run_interactive(source.as_mut(), interval)?;
+    let options = LoopOptions {
+        interval: Duration::from_millis(args.interval_ms.max(50)),
+        ..LoopOptions::default()
+    };
+    run_interactive(source.as_mut(), &options)?;
     Ok(ExitCode::SUCCESS)
 }
 

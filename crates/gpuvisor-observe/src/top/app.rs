@@ -121,6 +121,8 @@ pub struct TopApp {
     pub message: Option<String>,
     /// Whether to draw with colours.
     pub color: bool,
+    /// Whether quitting stops the job (`gpuvisor run --tui`): `q` then asks first.
+    pub quit_stops_job: bool,
 }
 
 impl TopApp {
@@ -242,6 +244,7 @@ pub fn handle_key(app: &mut TopApp, key: Key) -> Action {
         Overlay::None => {}
     }
     match key {
+        Key::Char('q') if app.quit_stops_job => app.overlay = Overlay::Confirm(Action::Quit),
         Key::Char('q') => return Action::Quit,
         Key::Esc if app.log_focus => app.log_focus = false,
         Key::Char('?') | Key::Char('h') => app.overlay = Overlay::Help,

@@ -73,7 +73,7 @@ pub fn render(frame: &mut Frame, app: &TopApp) {
     frame.render_widget(status_line(app), status);
     match &app.overlay {
         Overlay::None => {}
-        Overlay::Help => render_help(frame, area),
+        Overlay::Help => render_help(frame, area, app),
         Overlay::Confirm(action) => render_confirm(frame, area, app, action),
     }
 }
@@ -539,10 +539,17 @@ const HELP: &[(&str, &str)] = &[
     ("q  Ctrl-C", "quit (the run goes on)"),
 ];
 
-fn render_help(frame: &mut Frame, area: Rect) {
+fn render_help(frame: &mut Frame, area: Rect, app: &TopApp) {
     let mut lines: Vec<Line> = HELP
         .iter()
-        .map(|(keys, what)| Line::from(format!(" {keys:<14} {what}")))
+        .map(|(keys, what)| {
+            let what = if keys.starts_with('q') && app.quit_stops_job {
+                "stop the job and quit (q asks first)"
+            } else {
+                what
+            };
+            Line::from(format!(" {keys:<14} {what}"))
+        })
         .collect();
     lines.push(Line::from(""));
     lines.push(Line::from(
@@ -557,29 +564,34 @@ fn render_help(frame: &mut Frame, area: Rect) {
 }
 
 fn render_confirm(frame: &mut Frame, area: Rect, app: &TopApp, action: &Action) {
-    let (verb, process) = match action {
-        Action::Restart(process) => ("Restart", process),
-        Action::Stop(process) => ("Stop", process),
-        _ => return,
+    let question = match action {
+        Action::Restart(process) => format!("Restart {}?", whom(app, process)),
+        Action::Stop(process) => format!("Stop {}?", whom(app, process)),
+        Action::Quit => "Stop the whole job and quit?".to_string(),
+        Action::None => return,
     };
-    let replicas = app
-        .model
-        .rows
-        .iter()
-        .filter(|row| &row.name == process)
-        .count();
-    let whom = if replicas > 1 {
-        format!("{process} (all {replicas} replicas)")
-    } else {
-        process.clone()
-    };
-    let text = format!(" {verb} {whom}?  y: yes   any other key: no ");
+    let text = format!(" {question}  y: yes   any other key: no ");
     let box_area = centered(area, text.chars().count() as u16 + 2, 3);
     frame.render_widget(Clear, box_area);
     frame.render_widget(
         Paragraph::new(text).block(Block::default().borders(Borders::ALL).title(" confirm ")),
         box_area,
     );
+}
+
+/// A process named with its replica count, since restart and stop act on all of them.
+fn whom(app: &TopApp, process: &str) -> String {
+    let replicas = app
+        .model
+        .rows
+        .iter()
+        .filter(|row| row.name == process)
+        .count();
+    if replicas > 1 {
+        format!("{process} (all {replicas} replicas)")
+    } else {
+        process.to_string()
+    }
 }
 
 /// Bytes in at most 6 characters: `512M`, `7.5G`, `80G`.

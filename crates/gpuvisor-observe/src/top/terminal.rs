@@ -3,6 +3,8 @@
 //! and keys handled as they come.
 
 use std::io;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ratatui::crossterm::event::{self, Event, KeyCode, KeyEventKind, KeyModifiers};
@@ -61,8 +63,36 @@ impl Drop for Restore {
     }
 }
 
-/// Runs `top` until the user quits, polling `source` every `interval`.
-pub fn run_interactive(source: &mut dyn TopSource, interval: Duration) -> io::Result<()> {
+/// How the interactive loop runs.
+#[derive(Debug, Clone, Default)]
+pub struct LoopOptions {
+    /// Time between polls of the source.
+    pub interval: Duration,
+    /// Set by someone else when the view should close (the job of `run --tui` ended).
+    pub finished: Option<Arc<AtomicBool>>,
+    /// Quitting stops the job (`run --tui`): `q` asks first.
+    pub quit_stops_job: bool,
+}
+
+/// Why the interactive loop ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LoopEnd {
+    /// The user quit (`q`, Ctrl-C).
+    Quit,
+    /// [`LoopOptions::finished`] was set.
+    Finished,
+}
+
+/// Runs `top` until the user quits (or `options.finished` is set), polling `source` every
+/// `options.interval`.
+pub fn run_interactive(source: &mut dyn TopSource, options: &LoopOptions) -> io::Result<LoopEnd> {
+    let interval = options.interval;
+    let finished = || {
+        options
+            .finished
+            .as_ref()
+            .is_some_and(|flag| flag.load(Ordering::SeqCst))
+    };
     let color = color_supported();
     enable_raw_mode()?;
     let _restore = Restore;
@@ -71,15 +101,22 @@ pub fn run_interactive(source: &mut dyn TopSource, interval: Duration) -> io::Re
     terminal.clear()?;
 
     let mut app = TopApp::new(source.poll(None), color);
+    app.quit_stops_job = options.quit_stops_job;
     let mut next_poll = Instant::now();
     loop {
+        if finished() {
+            return Ok(LoopEnd::Finished);
+        }
         if Instant::now() >= next_poll {
             let model = source.poll(app.selected.as_deref());
             app.set_model(model);
             next_poll = Instant::now() + interval;
         }
         terminal.draw(|frame| render(frame, &app))?;
-        let wait = next_poll.saturating_duration_since(Instant::now());
+        // Wake at least every 100 ms to notice `finished`.
+        let wait = next_poll
+            .saturating_duration_since(Instant::now())
+            .min(Duration::from_millis(100));
         if !event::poll(wait)? {
             continue;
         }
@@ -105,7 +142,7 @@ pub fn run_interactive(source: &mut dyn TopSource, interval: Duration) -> io::Re
         };
         let selected_before = app.selected.clone();
         match handle_key(&mut app, key) {
-            Action::Quit => return Ok(()),
+            Action::Quit => return Ok(LoopEnd::Quit),
             Action::None => {}
             action => {
                 app.message = Some(match source.act(&action) {

@@ -342,5 +342,21 @@ fn colours_do_not_change_the_text() {
     assert_eq!(strip(&plain), strip(&coloured));
 }
 
+#[test]
+fn under_run_tui_quitting_asks_because_it_stops_the_job() {
+    let mut app = TopApp::new(s3_model(), false);
+    app.quit_stops_job = true;
+    assert_eq!(handle_key(&mut app, Key::Char('q')), Action::None);
+    let text = frame(&app);
+    assert!(text.contains("Stop the whole job and quit?"), "{text}");
+    assert_eq!(handle_key(&mut app, Key::Char('n')), Action::None);
+    handle_key(&mut app, Key::Char('q'));
+    assert_eq!(handle_key(&mut app, Key::Char('y')), Action::Quit);
+    handle_key(&mut app, Key::Char('?'));
+    assert!(frame(&app).contains("stop the job and quit"));
+    // Ctrl-C is the plain `run`'s Ctrl-C: no question.
+    assert_eq!(handle_key(&mut app, Key::CtrlC), Action::Quit);
+}
+
 mod record_tests;
 mod source_tests;
