@@ -476,6 +476,8 @@ SECTIONS = {
     "explain": section_explain,
     "shim-alloc": section_shim_alloc,
     "shim-startup": section_shim_startup,
+    # Log throughput against supervisord and honcho, start-up of 256 replicas.
+    "supervisor": lambda args: __import__("bench_supervisor").section(args),
 }
 
 

@@ -48,6 +48,18 @@ pub enum Command {
     /// Internal: how `exec` reads the ledger while the command runs.
     #[command(name = "__exec-sample", hide = true)]
     ExecSample(ExecSampleArgs),
+    /// Run a job: start every process with its budget, in dependency order; restart by
+    /// policy; stop everything on Ctrl-C. Records everything in a run directory.
+    Run(crate::commands::run::RunArgs),
+    /// Show the processes of a run (the latest in ./runs by default).
+    Ps(crate::commands::ps::PsArgs),
+    /// Stop a whole run, or one of its processes.
+    Stop(crate::commands::ps::StopArgs),
+    /// Restart one process of a run.
+    Restart(crate::commands::ps::RestartArgs),
+    /// Internal: the per-replica keeper `run` puts between itself and each process.
+    #[command(name = "__keeper", hide = true)]
+    Keeper(crate::commands::run::KeeperArgs),
 }
 
 /// Where GPU information comes from.

@@ -5,6 +5,8 @@ mod exec;
 mod explain;
 mod gpus;
 mod plan;
+pub mod ps;
+pub mod run;
 mod top;
 
 use std::process::ExitCode;
@@ -23,5 +25,10 @@ pub fn run(cli: Cli) -> Result<ExitCode, Failure> {
         Command::Top(args) => top::run(args),
         Command::ExecChild(args) => Ok(exec::run_child(args)),
         Command::ExecSample(args) => Ok(exec::run_sampler(args.ledger)),
+        Command::Run(args) => run::run(args),
+        Command::Ps(args) => ps::ps(args),
+        Command::Stop(args) => ps::stop(args),
+        Command::Restart(args) => ps::restart(args),
+        Command::Keeper(args) => run::keeper(args),
     }
 }

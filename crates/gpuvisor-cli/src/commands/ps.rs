@@ -1,0 +1,208 @@
+//! `gpuvisor ps`, `stop`, `restart`: talk to a running supervisor over its control socket
+//! (`control.sock` in the run directory); `ps` on a finished run reads its record instead.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use clap::Args;
+use gpuvisor_core::size::ByteSize;
+use gpuvisor_supervisor::clock::human_duration;
+use gpuvisor_supervisor::control::{request, PsRow, Request};
+use gpuvisor_supervisor::record::ps_from_record;
+use gpuvisor_supervisor::rundir::{latest_run, socket_path, DEFAULT_RUNS};
+use serde_json::Value;
+
+use crate::failure::Failure;
+use crate::table::Table;
+
+/// Arguments of `gpuvisor ps`.
+#[derive(Debug, Args)]
+pub struct PsArgs {
+    /// The run directory (default: the latest run in ./runs).
+    pub run: Option<PathBuf>,
+    /// Print as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Arguments of `gpuvisor stop`. Stopping a whole job waits until it is down.
+#[derive(Debug, Args)]
+pub struct StopArgs {
+    /// `[RUN] [PROCESS]`: the run directory (default: the latest in ./runs) and the process to
+    /// stop (default: the whole job). A single argument naming a directory is the run.
+    #[arg(num_args = 0..=2, value_name = "RUN|PROCESS")]
+    pub targets: Vec<String>,
+}
+
+/// Arguments of `gpuvisor restart`.
+#[derive(Debug, Args)]
+pub struct RestartArgs {
+    /// `[RUN] PROCESS`: the run directory (default: the latest in ./runs) and the process.
+    #[arg(num_args = 1..=2, required = true, value_name = "RUN|PROCESS")]
+    pub targets: Vec<String>,
+}
+
+/// Lists the processes of a run.
+pub fn ps(args: PsArgs) -> Result<ExitCode, Failure> {
+    let run = resolve_run(args.run.as_deref())?;
+    let (rows, live) = match request(&socket_path(&run), &Request::Ps) {
+        Ok(reply) => (rows_of(reply)?, true),
+        Err(_) => {
+            let mut rows = ps_from_record(&run.join("events.jsonl")).map_err(|error| {
+                Failure::unavailable(format!(
+                    "cannot read the run record {}: {error}",
+                    run.join("events.jsonl").display()
+                ))
+            })?;
+            add_budgets(&run, &mut rows);
+            (rows, false)
+        }
+    };
+    if args.json {
+        let json = serde_json::json!({ "run": run, "live": live, "replicas": rows });
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&json).map_err(Failure::unavailable)?
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
+    let mut table = Table::new(&[
+        "PROCESS",
+        "STATE",
+        "PID",
+        "RESTARTS",
+        "GPU MEMORY / BUDGET",
+        "UPTIME",
+        "LAST EXIT",
+    ]);
+    for row in &rows {
+        let gpu = match (row.gpu_used_bytes, row.budget_bytes) {
+            (_, 0) => "-".to_string(),
+            (Some(used), budget) => format!("{} / {}", ByteSize(used), ByteSize(budget)),
+            (None, budget) => format!("? / {}", ByteSize(budget)),
+        };
+        table.row(vec![
+            row.label.clone(),
+            row.state.clone(),
+            row.pid
+                .map(|pid| pid.to_string())
+                .unwrap_or_else(|| "-".into()),
+            row.restarts.to_string(),
+            gpu,
+            row.uptime_ms
+                .map(human_duration)
+                .unwrap_or_else(|| "-".into()),
+            row.last_exit.clone().unwrap_or_else(|| "-".into()),
+        ]);
+    }
+    let status = if live {
+        "running"
+    } else {
+        "finished (from its record)"
+    };
+    print!("run {} — {status}\n{}", run.display(), table.render(""));
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Stops a run or one process of it.
+pub fn stop(args: StopArgs) -> Result<ExitCode, Failure> {
+    let (run, process) = match args.targets.as_slice() {
+        [] => (None, None),
+        [one] if is_run_dir(one) => (Some(PathBuf::from(one)), None),
+        [one] => (None, Some(one.clone())),
+        [run, process] => (Some(PathBuf::from(run)), Some(process.clone())),
+        _ => unreachable!("clap allows at most two"),
+    };
+    let run = resolve_run(run.as_deref())?;
+    let whole_job = process.is_none();
+    let code = send(&run, &Request::Stop { process })?;
+    if whole_job {
+        // The supervisor removes its socket as its very last step: wait for that, so `stop`
+        // returns when the job is down (each process has its grace period, then SIGKILL).
+        let socket = socket_path(&run);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(600);
+        while socket.exists() && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    }
+    Ok(code)
+}
+
+/// Restarts one process of a run.
+pub fn restart(args: RestartArgs) -> Result<ExitCode, Failure> {
+    let (run, process) = match args.targets.as_slice() {
+        [process] => (None, process.clone()),
+        [run, process] => (Some(PathBuf::from(run)), process.clone()),
+        _ => unreachable!("clap requires one or two"),
+    };
+    let run = resolve_run(run.as_deref())?;
+    send(&run, &Request::Restart { process })
+}
+
+/// Budgets from the run's plan.json (the record's events do not repeat them).
+fn add_budgets(run: &Path, rows: &mut [PsRow]) {
+    let Ok(text) = std::fs::read_to_string(run.join("plan.json")) else {
+        return;
+    };
+    let Ok(plan) = serde_json::from_str::<Value>(&text) else {
+        return;
+    };
+    for replica in plan["replicas"].as_array().into_iter().flatten() {
+        let process = replica["process"].as_str().unwrap_or_default();
+        let number = replica["replica"].as_u64().unwrap_or(0);
+        let label = if replica["replicas"].as_u64().unwrap_or(1) > 1 {
+            format!("{process}[{number}]")
+        } else {
+            process.to_string()
+        };
+        if let Some(row) = rows.iter_mut().find(|row| row.label == label) {
+            row.budget_bytes = replica["budget_bytes"].as_u64().unwrap_or(0);
+        }
+    }
+}
+
+fn is_run_dir(text: &str) -> bool {
+    Path::new(text).join("events.jsonl").exists()
+}
+
+fn resolve_run(run: Option<&Path>) -> Result<PathBuf, Failure> {
+    match run {
+        Some(run) if run.join("events.jsonl").exists() => Ok(run.to_path_buf()),
+        Some(run) => Err(Failure::bad_input(format!(
+            "{} is not a run directory (it has no events.jsonl)\n  hint: give the directory `gpuvisor run` printed, e.g. runs/<job>-<time>",
+            run.display()
+        ))),
+        None => latest_run(Path::new(DEFAULT_RUNS)).ok_or_else(|| {
+            Failure::bad_input(format!(
+                "no run in ./{DEFAULT_RUNS}\n  hint: give the run directory, or run this where `gpuvisor run` was started"
+            ))
+        }),
+    }
+}
+
+fn send(run: &Path, message: &Request) -> Result<ExitCode, Failure> {
+    let reply = request(&socket_path(run), message).map_err(|error| {
+        Failure::unavailable(format!(
+            "the run in {} is not running (its control socket: {error})\n  hint: `gpuvisor ps {}` shows how it ended",
+            run.display(),
+            run.display()
+        ))
+    })?;
+    check(&reply)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn check(reply: &Value) -> Result<(), Failure> {
+    if reply["ok"] == true {
+        Ok(())
+    } else {
+        Err(Failure::bad_input(
+            reply["error"].as_str().unwrap_or("the supervisor refused"),
+        ))
+    }
+}
+
+fn rows_of(reply: Value) -> Result<Vec<PsRow>, Failure> {
+    check(&reply)?;
+    serde_json::from_value(reply["replicas"].clone()).map_err(Failure::unavailable)
+}

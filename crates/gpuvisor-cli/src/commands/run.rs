@@ -1,0 +1,333 @@
+//! `gpuvisor run JOB`: plan, create the run directory, start and supervise every replica, then
+//! print the exit summary. Also the hidden `__keeper` that stands between `run` and each
+//! replica (see gpuvisor_supervisor::keeper).
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::str::FromStr;
+
+use clap::Args;
+use gpuvisor_core::env::replica_env;
+use gpuvisor_core::inventory::{Inventory, InventorySource, SIM_GPUS_ENV};
+use gpuvisor_core::plan::{plan, Plan, PlanError};
+use gpuvisor_core::size::ByteSize;
+use gpuvisor_core::spec::{read_job_file, DeviceKind, Enforcement, JobSpec};
+use gpuvisor_supervisor::clock::human_duration;
+use gpuvisor_supervisor::rundir::{RunDir, RunDirError, DEFAULT_RUNS};
+use gpuvisor_supervisor::spawn::Launch;
+use gpuvisor_supervisor::supervisor::{supervise, Options, Outcome, Readiness, ReplicaSpec};
+use nix::sys::signal::Signal;
+use regex::bytes::Regex;
+
+mod ledger;
+
+use crate::cli::InventoryArgs;
+use crate::failure::Failure;
+use crate::inventory::load_inventory;
+use crate::shim;
+use crate::table::Table;
+
+/// Arguments of `gpuvisor run`.
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// The job file (TOML).
+    pub job: PathBuf,
+    /// The run directory (default: ./runs/<job>-<UTC time>/). Must be new or empty.
+    #[arg(long, value_name = "DIR")]
+    pub run_dir: Option<PathBuf>,
+    /// When a process counts as ready for the processes `after` it: `NAME=started` (default),
+    /// `NAME=log:REGEX` (a line of its output matches), `NAME=port:PORT` (127.0.0.1:PORT
+    /// accepts connections) or `NAME=exit` (it exited with status 0). Repeatable.
+    #[arg(long, value_name = "NAME=WHEN")]
+    pub ready: Vec<String>,
+    /// Do not copy the processes' output to the terminal (the log files still get it all).
+    #[arg(long, short)]
+    pub quiet: bool,
+    /// GPU source.
+    #[command(flatten)]
+    pub inventory: InventoryArgs,
+}
+
+/// Arguments of `gpuvisor __keeper`.
+#[derive(Debug, Args)]
+pub struct KeeperArgs {
+    /// The supervisor's pid.
+    #[arg(long)]
+    pub parent: i32,
+    /// The command to keep.
+    #[arg(last = true, required = true)]
+    pub command: Vec<OsString>,
+}
+
+/// Runs the keeper (never returns).
+pub fn keeper(args: KeeperArgs) -> Result<ExitCode, Failure> {
+    gpuvisor_supervisor::keeper::run(args.parent, &args.command)
+}
+
+/// Runs the job to its end.
+pub fn run(args: RunArgs) -> Result<ExitCode, Failure> {
+    let job = read_job_file(&args.job).map_err(Failure::bad_input)?;
+    let readiness = parse_readiness(&args.ready, &job)?;
+    let cpu_only_job = job
+        .processes
+        .iter()
+        .all(|process| process.device == DeviceKind::Cpu);
+    let inventory = match load_inventory(args.inventory.simulate.as_deref()) {
+        // A job of CPU-only processes needs no GPU, nor a driver to list them.
+        Err(_) if cpu_only_job && args.inventory.simulate.is_none() => Inventory {
+            source: InventorySource::Nvml,
+            driver_version: None,
+            gpus: Vec::new(),
+        },
+        result => result?,
+    };
+    let plan = plan(&job, &inventory).map_err(|error| match error {
+        PlanError::Infeasible { .. } => Failure::bad_input(error),
+        PlanError::Spec(diagnostic) => Failure::bad_input(diagnostic),
+    })?;
+    let replicas = replica_specs(&job, &plan, &args.job, &readiness)?;
+    // The shim (and with --simulate the stand-in driver) are written out before anything
+    // starts, so a failure here starts nothing.
+    let libraries = match (plan.enforcement, args.inventory.simulate.is_some()) {
+        (Enforcement::Framework, false) => None,
+        (_, with_simulator) => Some(shim::install(with_simulator)?),
+    };
+    let run_dir_path = args
+        .run_dir
+        .clone()
+        .unwrap_or_else(|| RunDir::default_path(Path::new(DEFAULT_RUNS), &job.name));
+    let run_dir = RunDir::create(&run_dir_path).map_err(|error| match error {
+        RunDirError::InUse { .. } => Failure::bad_input(error),
+        RunDirError::Unwritable { .. } => Failure::unavailable(error),
+    })?;
+    let plan_json = serde_json::to_string_pretty(&plan).map_err(Failure::unavailable)?;
+    run_dir.write_plan(&plan_json)?;
+    eprintln!(
+        "gpuvisor: running job {} ({} replicas); record in {}",
+        job.name,
+        replicas.len(),
+        run_dir.path().display()
+    );
+    let keeper = std::env::current_exe()?;
+    let mut options = Options::new(&job.name, Some(vec![keeper.into(), "__keeper".into()]));
+    options.terminal = !args.quiet;
+    let mut hooks = make_hooks(&job.name, &plan, libraries.as_ref(), &inventory)?;
+    let outcome = supervise(replicas, &run_dir, options, &mut hooks)?;
+    eprint!("{}", render_summary(&outcome));
+    Ok(ExitCode::from(outcome.status))
+}
+
+/// The ledger (with `enforce = "shim"`) and the environment every replica gets from it and
+/// from the simulator.
+fn make_hooks(
+    job_name: &str,
+    plan: &Plan,
+    libraries: Option<&shim::Libraries>,
+    inventory: &Inventory,
+) -> Result<ledger::LedgerHooks, Failure> {
+    let safe_name: String = job_name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    let shm = Path::new("/dev/shm");
+    let dir = if shm.is_dir() {
+        shm.to_path_buf()
+    } else {
+        std::env::temp_dir()
+    };
+    remove_stale_ledgers(&dir);
+    let pid = std::process::id();
+    let mut extra_env = Vec::new();
+    let mut files = Vec::new();
+    if let Some(sim_dir) = libraries.and_then(|libraries| libraries.sim_dir.as_ref()) {
+        let mut path = sim_dir.display().to_string();
+        if let Some(existing) = std::env::var("LD_LIBRARY_PATH")
+            .ok()
+            .filter(|value| !value.is_empty())
+        {
+            path = format!("{path}:{existing}");
+        }
+        // The simulated GPUs' shared physical accounting, for every process of the job.
+        let state = dir.join(format!("gpuvisor-sim-{safe_name}-{pid}"));
+        extra_env.push(("LD_LIBRARY_PATH".to_string(), Some(path)));
+        extra_env.push((SIM_GPUS_ENV.to_string(), Some(inventory.sim_env_value())));
+        extra_env.push((SIM_STATE_ENV.to_string(), Some(state.display().to_string())));
+        files.push(state);
+    }
+    match plan.enforcement {
+        Enforcement::Framework => Ok(ledger::LedgerHooks::env_only(extra_env, files)),
+        Enforcement::Shim => {
+            let path = dir.join(format!("gpuvisor-{safe_name}-{pid}"));
+            let shim = libraries.map(|libraries| libraries.shim.clone());
+            ledger::LedgerHooks::create(plan, &path, shim, extra_env, files)
+        }
+    }
+}
+
+/// The simulator's state file variable (`gpuvisor-sim` reads it).
+const SIM_STATE_ENV: &str = "GPUVISOR_SIM_STATE";
+
+/// Removes ledgers `gpuvisor-<job>-<pid>` in `dir` that this user's earlier runs left when
+/// they were killed (their pid is gone). Other users' files and live runs' are not touched.
+fn remove_stale_ledgers(dir: &Path) {
+    use std::os::unix::fs::MetadataExt;
+    let uid = nix::unistd::getuid().as_raw();
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.filter_map(Result::ok) {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name
+            .strip_prefix("gpuvisor-")
+            .and_then(|rest| rest.rsplit_once('-'))
+            .and_then(|(_, pid)| pid.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let ours = entry
+            .metadata()
+            .is_ok_and(|meta| meta.is_file() && meta.uid() == uid);
+        if ours && !Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+}
+
+/// `--ready NAME=WHEN` flags, checked against the job's processes.
+fn parse_readiness(flags: &[String], job: &JobSpec) -> Result<Vec<(String, Readiness)>, Failure> {
+    let hint = "write NAME=started, NAME=log:REGEX, NAME=port:PORT or NAME=exit";
+    flags
+        .iter()
+        .map(|flag| {
+            let (name, when) = flag.split_once('=').ok_or_else(|| {
+                Failure::bad_input(format!("`--ready {flag}` names no process\n  hint: {hint}"))
+            })?;
+            if job.process(name).is_none() {
+                let names: Vec<&str> = job.processes.iter().map(|p| p.name.as_str()).collect();
+                return Err(Failure::bad_input(format!(
+                    "`--ready {flag}`: no process `{name}` in job {}\n  hint: processes are: {}",
+                    job.name,
+                    names.join(", ")
+                )));
+            }
+            let readiness = match when.split_once(':') {
+                None if when == "started" => Readiness::Started,
+                None if when == "exit" => Readiness::Exit,
+                Some(("log", pattern)) => {
+                    Readiness::LogLine(Regex::new(pattern).map_err(|error| {
+                        Failure::bad_input(format!(
+                            "`--ready {flag}`: the pattern is not a regex: {error}\n  hint: {hint}"
+                        ))
+                    })?)
+                }
+                Some(("port", port)) => Readiness::Port(port.parse().map_err(|_| {
+                    Failure::bad_input(format!(
+                        "`--ready {flag}`: `{port}` is not a port number (1-65535)\n  hint: {hint}"
+                    ))
+                })?),
+                _ => {
+                    return Err(Failure::bad_input(format!(
+                        "`--ready {flag}`: unknown readiness `{when}`\n  hint: {hint}"
+                    )))
+                }
+            };
+            Ok((name.to_string(), readiness))
+        })
+        .collect()
+}
+
+/// One supervisor replica per planned replica, with its environment and policies.
+fn replica_specs(
+    job: &JobSpec,
+    plan: &Plan,
+    job_path: &Path,
+    readiness: &[(String, Readiness)],
+) -> Result<Vec<ReplicaSpec>, Failure> {
+    let job_dir = job_path.parent().unwrap_or(Path::new("."));
+    plan.replicas
+        .iter()
+        .map(|replica| {
+            let process = job.process(&replica.process).ok_or_else(|| {
+                Failure::unavailable(format!("the plan names process `{}` the job does not have", replica.process))
+            })?;
+            let stop_signal = Signal::from_str(&process.stop.signal).map_err(|_| {
+                Failure::bad_input(format!(
+                    "`stop.signal` of [process.{}] is `{}`, not a signal\n  hint: use SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1 or SIGUSR2",
+                    process.name, process.stop.signal
+                ))
+            })?;
+            let env = replica_env(plan.enforcement, replica)
+                .into_iter()
+                .map(|var| (var.name, var.value))
+                .collect();
+            let cwd = replica.cwd.as_ref().map(|cwd| {
+                if cwd.is_relative() {
+                    job_dir.join(cwd)
+                } else {
+                    cwd.clone()
+                }
+            });
+            let file_stem = if replica.replicas > 1 {
+                format!("{}.{}", replica.process, replica.replica)
+            } else {
+                replica.process.clone()
+            };
+            Ok(ReplicaSpec {
+                process: replica.process.clone(),
+                replica: replica.replica,
+                label: replica.label(),
+                file_stem,
+                launch: Launch {
+                    argv: replica.argv.clone(),
+                    env,
+                    cwd,
+                },
+                after: replica.after.clone(),
+                restart: process.restart.clone(),
+                stop_signal,
+                grace_ms: process.stop.grace_ms,
+                readiness: readiness
+                    .iter()
+                    .rev()
+                    .find(|(name, _)| name == &replica.process)
+                    .map(|(_, readiness)| readiness.clone())
+                    .unwrap_or(Readiness::Started),
+                budget_bytes: replica.budget_bytes,
+            })
+        })
+        .collect()
+}
+
+/// The exit summary table.
+fn render_summary(outcome: &Outcome) -> String {
+    let mut table = Table::new(&[
+        "PROCESS",
+        "RESTARTS",
+        "EXIT CAUSE",
+        "PEAK GPU / BUDGET",
+        "RUN TIME",
+    ]);
+    for row in &outcome.rows {
+        let gpu = match (row.gpu_peak_bytes, row.budget_bytes) {
+            (_, 0) => "-".to_string(),
+            (Some(peak), budget) => format!("{} / {}", ByteSize(peak), ByteSize(budget)),
+            (None, budget) => format!("? / {}", ByteSize(budget)),
+        };
+        table.row(vec![
+            row.label.clone(),
+            row.restarts.to_string(),
+            row.cause.clone(),
+            gpu,
+            human_duration(row.run_ms),
+        ]);
+    }
+    let verdict = if outcome.status == 0 { "ok" } else { "failed" };
+    format!("\njob {verdict}:\n{}", table.render("  "))
+}

@@ -1,0 +1,568 @@
+//! `gpuvisor run`, `ps`, `stop`, `restart` end to end: real processes on the CPU, a simulated
+//! GPU inventory for the plan.
+
+mod util;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use serde_json::{Map, Value};
+use util::{gpuvisor, Run};
+
+/// A job directory with `job.toml` holding `text`.
+fn job(text: &str) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("job.toml");
+    std::fs::write(&path, text).unwrap();
+    (dir, path)
+}
+
+/// A started `gpuvisor run`, killed if a test fails before it ends (its keepers then take
+/// the job down with it).
+struct Running(Option<Child>);
+
+impl std::ops::Deref for Running {
+    type Target = Child;
+    fn deref(&self) -> &Child {
+        self.0.as_ref().expect("running")
+    }
+}
+
+impl std::ops::DerefMut for Running {
+    fn deref_mut(&mut self) -> &mut Child {
+        self.0.as_mut().expect("running")
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.0.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// `gpuvisor run JOB --run-dir DIR/run --simulate 1x80GiB --quiet EXTRA...`, started.
+fn start_run(dir: &Path, job: &Path, extra: &[&str]) -> Running {
+    Running(Some(
+        gpuvisor()
+            .current_dir(dir)
+            .arg("run")
+            .arg(job)
+            .arg("--run-dir")
+            .arg(dir.join("run"))
+            .args(["--simulate", "1x80GiB", "--quiet"])
+            .args(extra)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    ))
+}
+
+fn finish(mut running: Running) -> Run {
+    let child = running.0.take().expect("running");
+    child.wait_with_output().unwrap().into()
+}
+
+fn events(dir: &Path) -> Vec<Map<String, Value>> {
+    gpuvisor_supervisor::events::read_events(&dir.join("run/events.jsonl")).unwrap_or_default()
+}
+
+fn count(events: &[Map<String, Value>], kind: &str, process: &str) -> usize {
+    events
+        .iter()
+        .filter(|event| {
+            event["kind"] == kind && event.get("process").and_then(Value::as_str) == Some(process)
+        })
+        .count()
+}
+
+fn wait_for(seconds: u64, mut condition: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(seconds);
+    while Instant::now() < deadline {
+        if condition() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    false
+}
+
+/// Every descendant of `root`, from /proc.
+fn descendants(root: i32) -> Vec<i32> {
+    let processes = gpuvisor_supervisor::procfs::all_processes();
+    let mut found = vec![root];
+    let mut cursor = 0;
+    while cursor < found.len() {
+        let parent = found[cursor];
+        found.extend(processes.iter().filter(|p| p.ppid == parent).map(|p| p.pid));
+        cursor += 1;
+    }
+    found.remove(0);
+    found
+}
+
+fn alive(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|stat| {
+            !stat
+                .rsplit(')')
+                .next()
+                .unwrap_or("")
+                .trim_start()
+                .starts_with('Z')
+        })
+        .unwrap_or(false)
+}
+
+#[test]
+fn sigkill_of_gpuvisor_leaves_no_process_of_the_job_and_a_readable_record() {
+    let (dir, path) = job(r#"
+[process.tree]
+command = ["sh", "-c", "sleep 300 & setsid sleep 300 & (trap '' INT TERM HUP; sleep 300) & wait"]
+device = "cpu"
+
+[process.escapee]
+command = ["sh", "-c", "(setsid sh -c 'sleep 300' &); sleep 300"]
+device = "cpu"
+"#);
+    let mut child = start_run(dir.path(), &path, &[]);
+    let supervisor = child.id() as i32;
+    // Everything is up: two keepers, their shells, four sleeps (one double-forked away).
+    assert!(
+        wait_for(20, || descendants(supervisor)
+            .iter()
+            .filter(|&&pid| {
+                std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                    .is_ok_and(|comm| comm.trim() == "sleep")
+            })
+            .count()
+            == 5),
+        "the job did not start: {:?}",
+        events(dir.path())
+    );
+    let job_pids = descendants(supervisor);
+    kill(Pid::from_raw(supervisor), Signal::SIGKILL).unwrap();
+    child.wait().unwrap();
+    let left = || {
+        job_pids
+            .iter()
+            .copied()
+            .filter(|&pid| alive(pid))
+            .collect::<Vec<_>>()
+    };
+    assert!(
+        wait_for(10, || left().is_empty()),
+        "still running after SIGKILL of gpuvisor: {:?}",
+        left()
+    );
+    // The record reads back, and `ps` says what happened.
+    let record = events(dir.path());
+    assert_eq!(count(&record, "start", "tree"), 1);
+    let ps = util::run(&["ps", dir.path().join("run").to_str().unwrap()]);
+    assert_eq!(ps.code, Some(0), "{}", ps.stderr);
+    assert!(
+        ps.stdout.contains("gone (supervisor killed)"),
+        "{}",
+        ps.stdout
+    );
+}
+
+#[test]
+fn ctrl_c_stops_gracefully_and_a_second_one_kills_at_once() {
+    let (dir, path) = job(r#"
+[process.polite]
+command = ["sh", "-c", "trap 'echo bye; exit 0' INT; while :; do sleep 0.05; done"]
+device = "cpu"
+
+[process.stubborn]
+command = ["sh", "-c", "trap '' INT; while :; do sleep 0.05; done"]
+device = "cpu"
+
+[process.stubborn.stop]
+grace = "60s"
+"#);
+    let child = start_run(dir.path(), &path, &[]);
+    let supervisor = Pid::from_raw(child.id() as i32);
+    assert!(wait_for(20, || count(
+        &events(dir.path()),
+        "start",
+        "stubborn"
+    ) == 1));
+    kill(supervisor, Signal::SIGINT).unwrap();
+    assert!(wait_for(20, || count(
+        &events(dir.path()),
+        "exit",
+        "polite"
+    ) == 1));
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(
+        count(&events(dir.path()), "exit", "stubborn"),
+        0,
+        "still in its 60 s grace"
+    );
+    let second = Instant::now();
+    kill(supervisor, Signal::SIGINT).unwrap();
+    let run = finish(child);
+    assert!(second.elapsed() < Duration::from_secs(10));
+    assert_eq!(run.code, Some(130), "stopped by SIGINT: {}", run.stderr);
+    let record = events(dir.path());
+    let polite_exit = record
+        .iter()
+        .find(|e| e["kind"] == "exit" && e["process"] == "polite")
+        .unwrap();
+    assert_eq!(polite_exit["code"], 0);
+    let stubborn_exit = record
+        .iter()
+        .find(|e| e["kind"] == "exit" && e["process"] == "stubborn")
+        .unwrap();
+    assert_eq!(stubborn_exit["summary"], "stopped (SIGKILL)");
+    assert!(
+        run.stderr.contains("EXIT CAUSE") && run.stderr.contains("stopped (SIGKILL)"),
+        "{}",
+        run.stderr
+    );
+    let log = std::fs::read_to_string(dir.path().join("run/logs/polite.log")).unwrap();
+    assert!(log.contains(" O bye"), "{log}");
+}
+
+#[test]
+fn ps_restart_and_stop_talk_to_the_running_supervisor() {
+    let (dir, path) = job(r#"
+[process.worker]
+command = ["sh", "-c", "while :; do sleep 0.05; done"]
+replicas = 2
+memory = "4GiB"
+"#);
+    let child = start_run(dir.path(), &path, &[]);
+    let run_dir = dir.path().join("run");
+    let run_arg = run_dir.to_str().unwrap();
+    assert!(wait_for(20, || count(
+        &events(dir.path()),
+        "start",
+        "worker[1]"
+    ) == 1));
+    let ps = util::run(&["ps", run_arg, "--json"]);
+    let json: Value = serde_json::from_str(&ps.stdout).unwrap_or_else(|_| panic!("{ps:?}"));
+    assert_eq!(json["live"], true);
+    assert_eq!(json["replicas"][1]["label"], "worker[1]");
+    assert_eq!(json["replicas"][1]["budget_bytes"], 4u64 << 30);
+    // `pid` is the command's (here `sh`), `group` its keeper's process group.
+    let pid = json["replicas"][0]["pid"].as_i64().unwrap();
+    let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap();
+    assert_eq!(comm.trim(), "sh");
+    assert_ne!(json["replicas"][0]["group"], json["replicas"][0]["pid"]);
+    let table = util::run(&["ps", run_arg]);
+    assert!(
+        table.stdout.contains("worker[0]") && table.stdout.contains("/ 4.0 GiB"),
+        "{}",
+        table.stdout
+    );
+    let typo = util::run(&["restart", run_arg, "wrker"]);
+    assert_eq!(typo.code, Some(2));
+    assert!(
+        typo.stderr.contains("hint: processes are: worker"),
+        "{}",
+        typo.stderr
+    );
+    assert_eq!(util::run(&["restart", run_arg, "worker"]).code, Some(0));
+    assert!(wait_for(20, || count(
+        &events(dir.path()),
+        "start",
+        "worker[0]"
+    ) == 2));
+    assert_eq!(util::run(&["stop", run_arg]).code, Some(0));
+    let run = finish(child);
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    let after = util::run(&["ps", run_arg]);
+    assert!(after.stdout.contains("finished"), "{}", after.stdout);
+    assert!(
+        after.stdout.contains("? / 4.0 GiB"),
+        "budgets come from plan.json: {}",
+        after.stdout
+    );
+    let stopped = util::run(&["stop", run_arg]);
+    assert_eq!(
+        stopped.code,
+        Some(1),
+        "a finished run has no socket: {stopped:?}"
+    );
+}
+
+#[test]
+fn a_fast_writer_loses_no_line_in_its_log_file() {
+    let (dir, path) = job(r#"
+[process.chatty]
+command = ["seq", "1", "1000000"]
+device = "cpu"
+"#);
+    let run = finish(start_run(dir.path(), &path, &[]));
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    let log = std::fs::read_to_string(dir.path().join("run/logs/chatty.log")).unwrap();
+    let mut expected = 1u64;
+    for line in log.lines() {
+        assert_eq!(line[27..].parse::<u64>().unwrap(), expected);
+        expected += 1;
+    }
+    assert_eq!(expected, 1_000_001);
+}
+
+#[test]
+fn a_missing_command_fails_and_nothing_after_it_starts() {
+    let (dir, path) = job(r#"
+[process.first]
+command = ["no-such-program-gpuvisor"]
+device = "cpu"
+
+[process.second]
+command = ["touch", "second-ran"]
+device = "cpu"
+after = ["first"]
+"#);
+    let run = finish(start_run(dir.path(), &path, &[]));
+    assert_eq!(run.code, Some(1));
+    assert!(run.stderr.contains("not started"), "{}", run.stderr);
+    let record = events(dir.path());
+    let failed = record.iter().find(|e| e["kind"] == "failed").unwrap();
+    assert!(
+        failed["reason"]
+            .as_str()
+            .unwrap()
+            .contains("not found in PATH"),
+        "{failed:?}"
+    );
+    assert!(!dir.path().join("second-ran").exists());
+}
+
+#[test]
+fn a_bad_run_directory_is_refused_before_anything_starts() {
+    let (dir, path) = job(r#"
+[process.marker]
+command = ["touch", "started"]
+device = "cpu"
+"#);
+    let file = dir.path().join("a-file");
+    std::fs::write(&file, "").unwrap();
+    let unwritable: Run = gpuvisor()
+        .current_dir(dir.path())
+        .args([
+            "run",
+            path.to_str().unwrap(),
+            "--simulate",
+            "1x80GiB",
+            "--run-dir",
+        ])
+        .arg(file.join("run"))
+        .output()
+        .unwrap()
+        .into();
+    assert_eq!(unwritable.code, Some(1));
+    assert!(
+        unwritable
+            .stderr
+            .contains("cannot create the run directory"),
+        "{}",
+        unwritable.stderr
+    );
+    assert!(!dir.path().join("started").exists());
+    // A directory that already holds a run is refused too.
+    assert_eq!(finish(start_run(dir.path(), &path, &[])).code, Some(0));
+    std::fs::remove_file(dir.path().join("started")).unwrap();
+    let second = finish(start_run(dir.path(), &path, &[]));
+    assert_eq!(second.code, Some(2));
+    assert!(
+        second.stderr.contains("already holds a run"),
+        "{}",
+        second.stderr
+    );
+    assert!(!dir.path().join("started").exists());
+}
+
+#[test]
+fn readiness_flags_are_checked() {
+    let (dir, path) = job("[process.a]\ncommand = [\"true\"]\ndevice = \"cpu\"\n");
+    let run = finish(start_run(dir.path(), &path, &["--ready", "b=exit"]));
+    assert_eq!(run.code, Some(2));
+    assert!(run.stderr.contains("no process `b`"), "{}", run.stderr);
+    let ok = finish(start_run(dir.path(), &path, &["--ready", "a=exit"]));
+    assert_eq!(ok.code, Some(0), "{}", ok.stderr);
+}
+
+#[test]
+fn replicas_feel_sigint_even_when_gpuvisor_was_started_ignoring_it() {
+    // A shell starting gpuvisor in the background ignores SIGINT for it; the replicas must
+    // not inherit that, or a graceful stop always ends in SIGKILL.
+    let (dir, path) = job("[process.sleeper]\ncommand = [\"sleep\", \"300\"]\ndevice = \"cpu\"\n");
+    let child = Running(Some(
+        std::process::Command::new("sh")
+            .arg("-c")
+            .arg("trap '' INT; exec \"$0\" run \"$1\" --run-dir \"$2\" --simulate 1x80GiB --quiet")
+            .arg(env!("CARGO_BIN_EXE_gpuvisor"))
+            .arg(&path)
+            .arg(dir.path().join("run"))
+            .current_dir(dir.path())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    ));
+    assert!(wait_for(20, || count(
+        &events(dir.path()),
+        "start",
+        "sleeper"
+    ) == 1));
+    let run_dir = dir.path().join("run");
+    assert_eq!(
+        util::run(&["stop", run_dir.to_str().unwrap()]).code,
+        Some(0)
+    );
+    let run = finish(child);
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    let record = events(dir.path());
+    let exit = record.iter().find(|e| e["kind"] == "exit").unwrap();
+    assert_eq!(exit["summary"], "stopped (SIGINT)", "{exit:?}");
+}
+
+#[test]
+fn the_job_files_restart_table_drives_restarts_and_the_crash_loop() {
+    let (dir, path) = job(r#"
+[process.flaky]
+command = ["sh", "-c", "echo 'RuntimeError: CUDA error: an illegal memory access was encountered' >&2; exit 3"]
+device = "cpu"
+
+[process.flaky.restart]
+policy = "on-failure"
+max_restarts = 2
+window = "60s"
+backoff = "50ms"
+backoff_max = "1s"
+"#);
+    let run = finish(start_run(dir.path(), &path, &[]));
+    assert_eq!(run.code, Some(1), "{}", run.stderr);
+    let record = events(dir.path());
+    assert_eq!(count(&record, "start", "flaky"), 3);
+    assert_eq!(count(&record, "restart", "flaky"), 2);
+    assert_eq!(count(&record, "crash-loop", "flaky"), 1);
+    let exit = record.iter().find(|e| e["kind"] == "exit").unwrap();
+    assert_eq!(
+        exit["cause"], "cuda-error",
+        "the log tail names it: {exit:?}"
+    );
+    assert!(run.stderr.contains("CUDA error"), "{}", run.stderr);
+}
+
+#[test]
+fn a_slow_terminal_drops_lines_there_but_never_slows_the_job_or_the_files() {
+    let (dir, path) =
+        job("[process.chatty]\ncommand = [\"seq\", \"1\", \"300000\"]\ndevice = \"cpu\"\n");
+    let mut child = Running(Some(
+        gpuvisor()
+            .current_dir(dir.path())
+            .arg("run")
+            .arg(&path)
+            .arg("--run-dir")
+            .arg(dir.path().join("run"))
+            .args(["--simulate", "1x80GiB"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    ));
+    // A terminal reading 2 KiB every 10 ms: about 200 kB/s, 20 s for all 2.3 MB of output.
+    let mut stdout = child.stdout.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        use std::io::Read;
+        let mut seen = Vec::new();
+        let mut buffer = [0u8; 2048];
+        loop {
+            match stdout.read(&mut buffer) {
+                Ok(0) | Err(_) => return seen,
+                Ok(count) => seen.extend_from_slice(&buffer[..count]),
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    });
+    let started = Instant::now();
+    assert!(
+        wait_for(15, || count(&events(dir.path()), "exit", "chatty") == 1),
+        "the child was held up by the terminal"
+    );
+    let child_done = started.elapsed();
+    let status = child.wait().unwrap();
+    let shown = String::from_utf8(reader.join().unwrap()).unwrap();
+    assert!(status.success());
+    assert!(child_done < Duration::from_secs(10), "{child_done:?}");
+    assert!(
+        shown.contains("lines not shown here, all are in the log file"),
+        "{}",
+        &shown[..shown.len().min(500)]
+    );
+    assert!(shown.starts_with("chatty | 1\n"), "{}", &shown[..100]);
+    let log = std::fs::read_to_string(dir.path().join("run/logs/chatty.log")).unwrap();
+    assert_eq!(log.lines().count(), 300_000);
+}
+
+#[test]
+fn a_replica_whose_keeper_dies_leaves_nothing_behind() {
+    // The keeper is SIGKILLed (as the OOM killer might); its command must not run on alone,
+    // while the job goes on (the replica restarts).
+    let (dir, path) = job(
+        "[process.orphaned]\ncommand = [\"sleep\", \"300\"]\ndevice = \"cpu\"\nrestart = \"always\"\n",
+    );
+    let child = start_run(dir.path(), &path, &[]);
+    assert!(wait_for(20, || count(
+        &events(dir.path()),
+        "start",
+        "orphaned"
+    ) == 1));
+    let record = events(dir.path());
+    let keeper = record.iter().find(|e| e["kind"] == "start").unwrap()["pid"]
+        .as_i64()
+        .unwrap() as i32;
+    let mut sleeper = 0;
+    assert!(wait_for(10, || {
+        sleeper = gpuvisor_supervisor::procfs::children(keeper)
+            .first()
+            .copied()
+            .unwrap_or(0);
+        sleeper != 0
+    }));
+    kill(Pid::from_raw(keeper), Signal::SIGKILL).unwrap();
+    assert!(
+        wait_for(5, || !alive(sleeper)),
+        "the command outlived its keeper"
+    );
+    assert!(wait_for(20, || count(
+        &events(dir.path()),
+        "start",
+        "orphaned"
+    ) == 2));
+    let exit = events(dir.path())
+        .into_iter()
+        .find(|e| e["kind"] == "exit")
+        .unwrap();
+    assert_eq!(exit["signal"], "SIGKILL");
+    kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM).unwrap();
+    let run = finish(child);
+    assert_eq!(run.code, Some(143), "{}", run.stderr);
+}
+
+#[test]
+fn a_cpu_only_job_runs_without_a_gpu_or_simulate() {
+    let (dir, path) = job("[process.a]\ncommand = [\"echo\", \"hello\"]\ndevice = \"cpu\"\n");
+    let run: Run = gpuvisor()
+        .current_dir(dir.path())
+        .arg("run")
+        .arg(&path)
+        .args(["--run-dir", "run"])
+        .output()
+        .unwrap()
+        .into();
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    assert_eq!(run.stdout, "a | hello\n");
+}

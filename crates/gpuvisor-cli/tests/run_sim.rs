@@ -1,0 +1,174 @@
+//! `gpuvisor run` with the shim and the simulated driver: budgets enforced per replica, refusals
+//! and CPU-only violations recorded as events, exit causes and peaks in the summary.
+
+mod driver;
+
+use driver::{gpuvisor, linked};
+use serde_json::Value;
+
+#[test]
+fn a_replica_over_budget_is_refused_and_its_exit_is_a_cuda_oom() {
+    let dir = tempfile::tempdir().unwrap();
+    let program = linked().display().to_string();
+    let job = format!(
+        r#"
+[process.learner]
+command = ["sh", "-c", "{program} init ctx 0 alloc 3GiB alloc 3GiB; sleep 0.5; exit 1"]
+framework = "cuda"
+memory = "4GiB"
+
+[process.collector]
+command = ["{program}", "init", "ctx", "0", "alloc", "1GiB"]
+device = "cpu"
+"#
+    );
+    std::fs::write(dir.path().join("job.toml"), job).unwrap();
+    let output = gpuvisor()
+        .current_dir(dir.path())
+        .args([
+            "run",
+            "job.toml",
+            "--run-dir",
+            "run",
+            "--simulate",
+            "1x16GiB",
+            "--quiet",
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    let events =
+        gpuvisor_supervisor::events::read_events(&dir.path().join("run/events.jsonl")).unwrap();
+    let find = |kind: &str, process: &str| -> Option<&serde_json::Map<String, Value>> {
+        events
+            .iter()
+            .find(|event| event["kind"] == kind && event["process"] == process)
+    };
+    let denial = find("denial", "learner").unwrap_or_else(|| panic!("no denial: {events:#?}"));
+    assert_eq!(denial["size_bytes"], 3u64 << 30);
+    assert_eq!(denial["limit_bytes"], 4u64 << 30);
+    let exit = find("exit", "learner").unwrap();
+    assert_eq!(exit["cause"], "cuda-oom", "{exit:?}");
+    assert!(
+        find("violation", "collector").is_some(),
+        "the CPU-only collector tried CUDA: {events:#?}"
+    );
+    let log = std::fs::read_to_string(dir.path().join("run/logs/learner.log")).unwrap();
+    assert!(
+        log.contains("alloc 3221225472 rc=0") && log.contains("alloc 3221225472 rc=2"),
+        "{log}"
+    );
+    assert!(
+        stderr.contains("3.0 GiB / 4.0 GiB"),
+        "peak against budget in the summary:\n{stderr}"
+    );
+    assert!(events
+        .iter()
+        .any(|event| event["kind"] == "clean-up" && event["what"] == "ledger"));
+}
+
+#[test]
+fn children_cpu_only_keeps_the_gpu_for_the_replica_and_refuses_its_children() {
+    let dir = tempfile::tempdir().unwrap();
+    let program = linked().display().to_string();
+    let job = format!(
+        r#"
+[process.trainer]
+command = ["{program}", "init", "ctx", "0", "alloc", "1GiB", "spawn", "2", "init", "ctx", "0", "alloc", "1GiB"]
+framework = "cuda"
+memory = "4GiB"
+children_cpu_only = true
+"#
+    );
+    std::fs::write(dir.path().join("job.toml"), job).unwrap();
+    let output = gpuvisor()
+        .current_dir(dir.path())
+        .args([
+            "run",
+            "job.toml",
+            "--run-dir",
+            "run",
+            "--simulate",
+            "1x16GiB",
+            "--quiet",
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let log = std::fs::read_to_string(dir.path().join("run/logs/trainer.log")).unwrap();
+    let allocs: Vec<&str> = log
+        .lines()
+        .filter(|line| line.contains(" alloc "))
+        .collect();
+    assert_eq!(allocs.len(), 3, "{log}\n{stderr}");
+    assert!(
+        allocs[0].ends_with("rc=0"),
+        "the trainer itself keeps the GPU: {log}"
+    );
+    assert!(
+        allocs[1..].iter().all(|line| !line.ends_with("rc=0")),
+        "its children are refused: {log}"
+    );
+    let events =
+        gpuvisor_supervisor::events::read_events(&dir.path().join("run/events.jsonl")).unwrap();
+    let violations = events
+        .iter()
+        .filter(|event| event["kind"] == "violation")
+        .count();
+    assert_eq!(violations, 2, "{events:#?}");
+}
+
+#[test]
+fn ps_shows_each_replicas_gpu_memory_against_its_budget_while_it_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let program = linked().display().to_string();
+    let job = format!(
+        r#"
+[process.holder]
+command = ["{program}", "init", "ctx", "0", "alloc", "1GiB", "sleep", "20000"]
+framework = "cuda"
+memory = "2GiB"
+"#
+    );
+    std::fs::write(dir.path().join("job.toml"), job).unwrap();
+    let mut child = gpuvisor()
+        .current_dir(dir.path())
+        .args([
+            "run",
+            "job.toml",
+            "--run-dir",
+            "run",
+            "--simulate",
+            "1x16GiB",
+            "--quiet",
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let run_dir = dir.path().join("run");
+    let ps = || -> Value {
+        let output = gpuvisor()
+            .arg("ps")
+            .arg(&run_dir)
+            .arg("--json")
+            .output()
+            .unwrap();
+        serde_json::from_slice(&output.stdout).unwrap_or(Value::Null)
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let mut last = Value::Null;
+    while std::time::Instant::now() < deadline {
+        last = ps();
+        if last["replicas"][0]["gpu_used_bytes"] == 1u64 << 30 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let _ = gpuvisor().arg("stop").arg(&run_dir).output();
+    let _ = child.wait();
+    assert_eq!(last["replicas"][0]["gpu_used_bytes"], 1u64 << 30, "{last}");
+    assert_eq!(last["replicas"][0]["budget_bytes"], 2u64 << 30);
+    assert_eq!(last["live"], true);
+}

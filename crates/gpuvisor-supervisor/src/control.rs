@@ -1,0 +1,196 @@
+//! The control socket (`control.sock` in the run directory, owner-only): one JSON request per
+//! line, one JSON reply per line (docs/supervisor.md has the protocol).
+//!
+//! ```text
+//! > {"cmd":"ps"}
+//! < {"ok":true,"job":"rl","replicas":[{"label":"learner","state":"running",...}]}
+//! > {"cmd":"stop","process":"actor"}        (no "process": stop the whole job)
+//! < {"ok":true}
+//! > {"cmd":"restart","process":"actor"}
+//! < {"ok":false,"error":"no process `actr` in job rl\n  hint: processes are: learner, actor"}
+//! ```
+
+use std::io::{self, BufRead, BufReader, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::Path;
+use std::sync::mpsc::{self, Sender};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// A request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "cmd", rename_all = "kebab-case")]
+pub enum Request {
+    /// Every replica's state.
+    Ps,
+    /// Stop one process's replicas, or the whole job when `process` is absent.
+    Stop {
+        /// The process.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        process: Option<String>,
+    },
+    /// Restart one process's replicas.
+    Restart {
+        /// The process.
+        process: String,
+    },
+}
+
+/// One row of `ps`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PsRow {
+    /// Process name.
+    pub process: String,
+    /// Replica number.
+    pub replica: u32,
+    /// `name` or `name[r]`.
+    pub label: String,
+    /// `running`, `backoff`, `exited`, ...
+    pub state: String,
+    /// The pid of its command while it runs.
+    pub pid: Option<i32>,
+    /// Its process group (the keeper's pid) while it runs.
+    #[serde(default)]
+    pub group: Option<i32>,
+    /// Restarts so far.
+    pub restarts: u32,
+    /// GPU memory in use now (ledger), bytes.
+    pub gpu_used_bytes: Option<u64>,
+    /// Peak GPU memory (ledger), bytes.
+    pub gpu_peak_bytes: Option<u64>,
+    /// Its budget per GPU, bytes (0 for CPU-only).
+    pub budget_bytes: u64,
+    /// Milliseconds since its current life started, while it runs.
+    pub uptime_ms: Option<u64>,
+    /// The last exit cause.
+    pub last_exit: Option<String>,
+}
+
+/// A request from a client with the channel its reply goes back on.
+pub type Incoming = (Request, Sender<Value>);
+
+/// Listens on `path` (created owner-only) and forwards every request to `forward`; runs until
+/// `forward`'s receiver is gone.
+pub fn serve(path: &Path, forward: Sender<Incoming>) -> io::Result<std::thread::JoinHandle<()>> {
+    let _ = std::fs::remove_file(path);
+    let listener = UnixListener::bind(path)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    std::thread::Builder::new()
+        .name("gpuvisor-control".into())
+        .spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(stream) = stream else { continue };
+                let forward = forward.clone();
+                let _ = std::thread::Builder::new()
+                    .name("gpuvisor-client".into())
+                    .spawn(move || handle(stream, &forward));
+            }
+        })
+}
+
+fn handle(stream: UnixStream, forward: &Sender<Incoming>) {
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(30)));
+    let Ok(mut writer) = stream.try_clone() else {
+        return;
+    };
+    for line in BufReader::new(stream).lines() {
+        let Ok(line) = line else { return };
+        if line.trim().is_empty() {
+            continue;
+        }
+        let reply = match serde_json::from_str::<Request>(&line) {
+            Ok(request) => {
+                let (sender, receiver) = mpsc::channel();
+                if forward.send((request, sender)).is_err() {
+                    error_reply("the supervisor is shutting down")
+                } else {
+                    receiver
+                        .recv_timeout(Duration::from_secs(10))
+                        .unwrap_or_else(|_| error_reply("the supervisor did not answer in 10 s"))
+                }
+            }
+            Err(error) => error_reply(&format!(
+                "bad request: {error}\n  hint: send one JSON object per line, e.g. {{\"cmd\":\"ps\"}}"
+            )),
+        };
+        if writeln!(writer, "{reply}").is_err() {
+            return;
+        }
+    }
+}
+
+/// `{"ok":false,"error":...}`.
+pub fn error_reply(message: &str) -> Value {
+    serde_json::json!({ "ok": false, "error": message })
+}
+
+/// Sends one request to the socket at `path` and returns the reply.
+pub fn request(path: &Path, request: &Request) -> io::Result<Value> {
+    let mut stream = UnixStream::connect(path)?;
+    stream.set_read_timeout(Some(Duration::from_secs(15)))?;
+    let mut line = serde_json::to_string(request).map_err(io::Error::other)?;
+    line.push('\n');
+    stream.write_all(line.as_bytes())?;
+    let mut reply = String::new();
+    BufReader::new(stream).read_line(&mut reply)?;
+    serde_json::from_str(&reply).map_err(io::Error::other)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_have_a_small_json_form() {
+        assert_eq!(
+            serde_json::to_string(&Request::Ps).unwrap(),
+            r#"{"cmd":"ps"}"#
+        );
+        let stop: Request = serde_json::from_str(r#"{"cmd":"stop"}"#).unwrap();
+        assert_eq!(stop, Request::Stop { process: None });
+        let restart: Request = serde_json::from_str(r#"{"cmd":"restart","process":"a"}"#).unwrap();
+        assert_eq!(
+            restart,
+            Request::Restart {
+                process: "a".into()
+            }
+        );
+    }
+
+    #[test]
+    fn a_request_round_trips_through_the_socket() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("control.sock");
+        let (sender, receiver) = mpsc::channel::<Incoming>();
+        serve(&path, sender).unwrap();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        std::thread::spawn(move || {
+            for (request, reply) in receiver {
+                let _ =
+                    reply.send(serde_json::json!({ "ok": true, "echo": format!("{request:?}") }));
+            }
+        });
+        let reply = request(
+            &path,
+            &Request::Restart {
+                process: "a".into(),
+            },
+        )
+        .unwrap();
+        assert_eq!(reply["ok"], true);
+        assert!(reply["echo"].as_str().unwrap().contains("Restart"));
+        // Garbage gets an error reply, not a hang.
+        let mut stream = UnixStream::connect(&path).unwrap();
+        stream.write_all(b"not json\n").unwrap();
+        let mut line = String::new();
+        BufReader::new(stream).read_line(&mut line).unwrap();
+        assert!(
+            line.contains("\"ok\":false") && line.contains("hint:"),
+            "{line}"
+        );
+    }
+}

@@ -1,0 +1,28 @@
+//! The gpuvisor supervisor: runs every replica of a planned job, restarts and stops them by
+//! policy, and keeps a record that survives the supervisor.
+//!
+//! - [`rundir`] is the run directory (plan, event log, logs, control socket), [`events`] the
+//!   append-only event log and [`clock`] its timestamps;
+//! - [`state`] is the restart / readiness / shutdown state machine, as plain data;
+//! - [`spawn`] starts replicas (own process group, parent-death signal, behind a [`keeper`])
+//!   and reaps every child in one place; [`procfs`] reads process trees; [`record`] reads a
+//!   run record back;
+//! - [`logs`] pumps every pipe into timestamped files and the [`terminal`];
+//! - [`cause`] classifies exits, [`cleanup`] removes the job's /dev/shm leftovers, [`control`]
+//!   is the control socket;
+//! - [`supervisor`] is the event loop tying them together: [`supervisor::supervise`].
+
+pub mod cause;
+pub mod cleanup;
+pub mod clock;
+pub mod control;
+pub mod events;
+pub mod keeper;
+pub mod logs;
+pub mod procfs;
+pub mod record;
+pub mod rundir;
+pub mod spawn;
+pub mod state;
+pub mod supervisor;
+pub mod terminal;

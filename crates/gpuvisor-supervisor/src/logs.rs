@@ -1,0 +1,508 @@
+//! The log pump: one thread that polls every replica's stdout and stderr pipe, reads big
+//! chunks, splits lines, and writes each line to `logs/<name>[.<replica>].log` behind a
+//! timestamp (`2026-11-21T23:25:16.123Z O ` for stdout, `E ` for stderr) and to the terminal
+//! queue. A child is never blocked by the terminal (see [`crate::terminal`]); the files keep
+//! every line. Files rotate by size (`x.log` -> `x.log.1` -> ... `x.log.N`).
+//!
+//! It also watches for readiness lines (a regex per replica) and keeps the tail of each
+//! replica's output, handed over when both pipes close, for exit-cause classification.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read, Write};
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::PathBuf;
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::thread::JoinHandle;
+
+use nix::fcntl::{fcntl, FcntlArg, OFlag};
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use nix::unistd::pipe;
+use regex::bytes::Regex;
+
+use crate::clock::{now_unix_ms, rfc3339_ms};
+use crate::terminal::TerminalQueue;
+
+/// How the log files are kept.
+#[derive(Debug, Clone)]
+pub struct LogConfig {
+    /// The `logs/` directory.
+    pub dir: PathBuf,
+    /// A file is rotated when it grows past this many bytes.
+    pub max_file_bytes: u64,
+    /// Rotated files kept (`.1` .. `.N`).
+    pub keep_rotated: u32,
+}
+
+/// What the pump tells the supervisor.
+#[derive(Debug, Clone, PartialEq)]
+pub enum LogEvent {
+    /// A line of `replica` matched its readiness pattern.
+    Ready {
+        /// The replica.
+        replica: usize,
+        /// Its life (spawn counter) the line came from.
+        generation: u64,
+    },
+    /// Both pipes of `replica` closed (its process tree is gone or closed them).
+    Closed {
+        /// The replica.
+        replica: usize,
+        /// Its life.
+        generation: u64,
+        /// Its last lines of output (up to [`TAIL_LINES`]).
+        tail: Vec<String>,
+        /// Lines written to its file in this life.
+        lines: u64,
+    },
+}
+
+/// How many lines of output are kept for exit-cause classification.
+pub const TAIL_LINES: usize = 40;
+const READ_BYTES: usize = 1 << 16;
+/// How long [`LogPump::finish`] waits for pipes still open.
+const FINISH_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
+const TAIL_KEEP_BYTES: usize = 16 << 10;
+
+struct Registration {
+    replica: usize,
+    generation: u64,
+    stdout: OwnedFd,
+    stderr: OwnedFd,
+    ready: Option<Regex>,
+}
+
+/// The handle to the pump thread.
+#[derive(Debug)]
+pub struct LogPump {
+    sender: Sender<Registration>,
+    wake: OwnedFd,
+    thread: JoinHandle<()>,
+}
+
+impl std::fmt::Debug for Registration {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            formatter,
+            "Registration({}#{})",
+            self.replica, self.generation
+        )
+    }
+}
+
+impl LogPump {
+    /// Starts the pump; `file_stems[r]` names replica r's file (`actor.1` -> `logs/actor.1.log`).
+    pub fn start(
+        config: LogConfig,
+        file_stems: Vec<String>,
+        terminal: Option<TerminalQueue>,
+        events: Box<dyn Fn(LogEvent) + Send>,
+    ) -> io::Result<LogPump> {
+        let (sender, receiver) = mpsc::channel();
+        let (wake_read, wake) = pipe()?;
+        set_nonblocking(&wake_read)?;
+        let mut pump = Pump {
+            config,
+            file_stems,
+            terminal,
+            events,
+            replicas: Vec::new(),
+            streams: Vec::new(),
+            receiver,
+            wake: File::from(wake_read),
+            buffer: vec![0; READ_BYTES],
+            out: Vec::with_capacity(2 * READ_BYTES),
+        };
+        let thread = std::thread::Builder::new()
+            .name("gpuvisor-logs".into())
+            .spawn(move || pump.run())?;
+        Ok(LogPump {
+            sender,
+            wake,
+            thread,
+        })
+    }
+
+    /// Hands a started replica's pipes to the pump.
+    pub fn register(
+        &self,
+        replica: usize,
+        generation: u64,
+        stdout: OwnedFd,
+        stderr: OwnedFd,
+        ready: Option<Regex>,
+    ) -> io::Result<()> {
+        set_nonblocking(&stdout)?;
+        set_nonblocking(&stderr)?;
+        let registration = Registration {
+            replica,
+            generation,
+            stdout,
+            stderr,
+            ready,
+        };
+        if self.sender.send(registration).is_ok() {
+            let _ = nix::unistd::write(&self.wake, b"r");
+        }
+        Ok(())
+    }
+
+    /// Waits until every registered pipe has closed, then stops the thread.
+    pub fn finish(self) {
+        drop(self.sender);
+        let _ = nix::unistd::write(&self.wake, b"q");
+        let _ = self.thread.join();
+    }
+}
+
+fn set_nonblocking(fd: &impl AsFd) -> io::Result<()> {
+    let flags = OFlag::from_bits_truncate(fcntl(fd, FcntlArg::F_GETFL)?);
+    fcntl(fd, FcntlArg::F_SETFL(flags | OFlag::O_NONBLOCK))?;
+    Ok(())
+}
+
+/// One replica's output state (reset for each life).
+struct ReplicaLog {
+    generation: u64,
+    file: File,
+    path: PathBuf,
+    file_bytes: u64,
+    open_streams: u8,
+    ready: Option<Regex>,
+    tail: Vec<u8>,
+    lines: u64,
+    write_failed: bool,
+}
+
+struct Stream {
+    replica: usize,
+    generation: u64,
+    stderr: bool,
+    file: File,
+    partial: Vec<u8>,
+}
+
+struct Pump {
+    config: LogConfig,
+    file_stems: Vec<String>,
+    terminal: Option<TerminalQueue>,
+    events: Box<dyn Fn(LogEvent) + Send>,
+    replicas: Vec<Option<ReplicaLog>>,
+    streams: Vec<Stream>,
+    receiver: Receiver<Registration>,
+    wake: File,
+    buffer: Vec<u8>,
+    out: Vec<u8>,
+}
+
+impl Pump {
+    fn run(&mut self) {
+        let mut accepting = true;
+        let mut finishing_since = None;
+        loop {
+            if accepting {
+                accepting = self.accept();
+            }
+            if !accepting {
+                // Every process is gone by now; a pipe still open after a while is held by
+                // something outside the job (it inherited it): stop waiting for it.
+                let since = *finishing_since.get_or_insert_with(std::time::Instant::now);
+                if self.streams.is_empty() || since.elapsed() > FINISH_WAIT {
+                    return;
+                }
+            }
+            let readable = {
+                let mut fds: Vec<PollFd> = Vec::with_capacity(self.streams.len() + 1);
+                fds.push(PollFd::new(self.wake.as_fd(), PollFlags::POLLIN));
+                for stream in &self.streams {
+                    fds.push(PollFd::new(stream.file.as_fd(), PollFlags::POLLIN));
+                }
+                match poll(&mut fds, PollTimeout::from(500u16)) {
+                    Ok(_) => {}
+                    Err(nix::errno::Errno::EINTR) => continue,
+                    Err(error) => {
+                        eprintln!("gpuvisor: polling the log pipes failed: {error}");
+                        return;
+                    }
+                }
+                let flagged = |fd: &PollFd| !fd.revents().unwrap_or(PollFlags::empty()).is_empty();
+                let wake = flagged(&fds[0]);
+                let readable: Vec<bool> = fds[1..].iter().map(flagged).collect();
+                if wake {
+                    let mut drain = [0u8; 64];
+                    while matches!((&self.wake).read(&mut drain), Ok(n) if n > 0) {}
+                }
+                readable
+            };
+            let timestamp = rfc3339_ms(now_unix_ms());
+            let mut closed = Vec::new();
+            for (index, is_readable) in readable.into_iter().enumerate() {
+                if is_readable && !self.drain(index, timestamp.as_bytes()) {
+                    closed.push(index);
+                }
+            }
+            for index in closed.into_iter().rev() {
+                let stream = self.streams.swap_remove(index);
+                self.close_stream(stream, timestamp.as_bytes());
+            }
+        }
+    }
+
+    /// Takes new registrations; false once the supervisor has hung up.
+    fn accept(&mut self) -> bool {
+        loop {
+            match self.receiver.try_recv() {
+                Ok(registration) => self.add(registration),
+                Err(mpsc::TryRecvError::Empty) => return true,
+                Err(mpsc::TryRecvError::Disconnected) => return false,
+            }
+        }
+    }
+
+    fn add(&mut self, registration: Registration) {
+        let replica = registration.replica;
+        if self.replicas.len() <= replica {
+            self.replicas.resize_with(replica + 1, || None);
+        }
+        let stem = self
+            .file_stems
+            .get(replica)
+            .cloned()
+            .unwrap_or_else(|| format!("replica-{replica}"));
+        let path = self.config.dir.join(format!("{stem}.log"));
+        let file = match open_log(&path) {
+            Ok(file) => file,
+            Err(error) => {
+                eprintln!(
+                    "gpuvisor: cannot open the log file {}: {error}",
+                    path.display()
+                );
+                return;
+            }
+        };
+        let file_bytes = file.metadata().map(|meta| meta.len()).unwrap_or(0);
+        self.replicas[replica] = Some(ReplicaLog {
+            generation: registration.generation,
+            file,
+            path,
+            file_bytes,
+            open_streams: 2,
+            ready: registration.ready,
+            tail: Vec::new(),
+            lines: 0,
+            write_failed: false,
+        });
+        for (fd, stderr) in [(registration.stdout, false), (registration.stderr, true)] {
+            self.streams.push(Stream {
+                replica,
+                generation: registration.generation,
+                stderr,
+                file: File::from(fd),
+                partial: Vec::new(),
+            });
+        }
+    }
+
+    /// Reads what `streams[index]` has; false at end of file.
+    fn drain(&mut self, index: usize, timestamp: &[u8]) -> bool {
+        // Moved out for the loop so the read data can be written without copying it first.
+        let mut buffer = std::mem::take(&mut self.buffer);
+        let mut open = true;
+        for _ in 0..4 {
+            let read = (&self.streams[index].file).read(&mut buffer);
+            match read {
+                Ok(0) => {
+                    open = false;
+                    break;
+                }
+                Ok(count) => {
+                    self.take_chunk(index, &buffer[..count], timestamp);
+                    if count < buffer.len() {
+                        break;
+                    }
+                }
+                Err(error) if error.kind() == io::ErrorKind::WouldBlock => break,
+                Err(error) if error.kind() == io::ErrorKind::Interrupted => continue,
+                Err(_) => {
+                    open = false;
+                    break;
+                }
+            }
+        }
+        self.buffer = buffer;
+        open
+    }
+
+    /// Writes the complete lines of `fresh` (after what was pending of the stream's last line)
+    /// and keeps the unfinished rest for the next read.
+    fn take_chunk(&mut self, index: usize, mut fresh: &[u8], timestamp: &[u8]) {
+        let (replica, stderr) = (self.streams[index].replica, self.streams[index].stderr);
+        if !self.streams[index].partial.is_empty() {
+            match memchr::memchr(b'\n', fresh) {
+                Some(end) => {
+                    let mut line = std::mem::take(&mut self.streams[index].partial);
+                    line.extend_from_slice(&fresh[..=end]);
+                    self.write_lines(replica, stderr, &line, timestamp);
+                    line.clear();
+                    self.streams[index].partial = line; // keeps its capacity
+                    fresh = &fresh[end + 1..];
+                }
+                None => {
+                    self.streams[index].partial.extend_from_slice(fresh);
+                    self.cut_endless_line(index, timestamp);
+                    return;
+                }
+            }
+        }
+        match memchr::memrchr(b'\n', fresh) {
+            Some(end) => {
+                self.write_lines(replica, stderr, &fresh[..=end], timestamp);
+                self.streams[index]
+                    .partial
+                    .extend_from_slice(&fresh[end + 1..]);
+            }
+            None => {
+                self.streams[index].partial.extend_from_slice(fresh);
+                self.cut_endless_line(index, timestamp);
+            }
+        }
+    }
+
+    /// A line longer than a read is written in pieces rather than held forever.
+    fn cut_endless_line(&mut self, index: usize, timestamp: &[u8]) {
+        if self.streams[index].partial.len() >= READ_BYTES {
+            let line = std::mem::take(&mut self.streams[index].partial);
+            let (replica, stderr) = (self.streams[index].replica, self.streams[index].stderr);
+            self.write_lines(replica, stderr, &line, timestamp);
+        }
+    }
+
+    /// Writes complete lines (a final line without `\n` gets one) to the file and the terminal.
+    fn write_lines(&mut self, replica: usize, stderr: bool, data: &[u8], timestamp: &[u8]) {
+        let Some(Some(log)) = self.replicas.get_mut(replica) else {
+            return;
+        };
+        let tag: &[u8] = if stderr { b" E " } else { b" O " };
+        self.out.clear();
+        let mut lines = 0usize;
+        let mut start = 0;
+        let ends = memchr::memchr_iter(b'\n', data).map(|end| end + 1);
+        let last = (!data.ends_with(b"\n")).then_some(data.len());
+        for end in ends.chain(last) {
+            let line = &data[start..end];
+            start = end;
+            self.out.extend_from_slice(timestamp);
+            self.out.extend_from_slice(tag);
+            self.out.extend_from_slice(line);
+            if !line.ends_with(b"\n") {
+                self.out.push(b'\n');
+            }
+            lines += 1;
+            if let Some(pattern) = &log.ready {
+                // Without its line ending, so `ready$` means what it says.
+                let text = line.strip_suffix(b"\n").unwrap_or(line);
+                if pattern.is_match(text.strip_suffix(b"\r").unwrap_or(text)) {
+                    log.ready = None;
+                    (self.events)(LogEvent::Ready {
+                        replica,
+                        generation: log.generation,
+                    });
+                }
+            }
+        }
+        log.lines += lines as u64;
+        if let Err(error) = log.file.write_all(&self.out) {
+            // Once per life: a full disk would otherwise print this for every read.
+            if !log.write_failed {
+                log.write_failed = true;
+                eprintln!("gpuvisor: cannot write {}: {error} (further lines of this replica may be lost)", log.path.display());
+            }
+        }
+        log.file_bytes += self.out.len() as u64;
+        if data.len() >= TAIL_KEEP_BYTES {
+            log.tail.clear();
+            log.tail
+                .extend_from_slice(&data[data.len() - TAIL_KEEP_BYTES..]);
+        } else {
+            log.tail.extend_from_slice(data);
+            if log.tail.len() > 2 * TAIL_KEEP_BYTES {
+                log.tail.drain(..log.tail.len() - TAIL_KEEP_BYTES);
+            }
+        }
+        if log.file_bytes > self.config.max_file_bytes {
+            rotate(log, self.config.keep_rotated);
+        }
+        if let Some(terminal) = &self.terminal {
+            if data.ends_with(b"\n") {
+                terminal.push(replica, lines, data);
+            } else {
+                let mut owned = data.to_vec();
+                owned.push(b'\n');
+                terminal.push(replica, lines, &owned);
+            }
+        }
+    }
+
+    fn close_stream(&mut self, mut stream: Stream, timestamp: &[u8]) {
+        let partial = std::mem::take(&mut stream.partial);
+        if !partial.is_empty() {
+            self.write_lines(stream.replica, stream.stderr, &partial, timestamp);
+        }
+        let Some(slot) = self.replicas.get_mut(stream.replica) else {
+            return;
+        };
+        let Some(log) = slot else { return };
+        if log.generation != stream.generation {
+            return; // a pipe of an earlier life, still held open by a straggler
+        }
+        log.open_streams -= 1;
+        if log.open_streams == 0 {
+            let log = slot.take().expect("present");
+            let text = String::from_utf8_lossy(&log.tail);
+            let lines: Vec<&str> = text.lines().collect();
+            let tail = lines[lines.len().saturating_sub(TAIL_LINES)..]
+                .iter()
+                .map(|line| line.to_string())
+                .collect();
+            (self.events)(LogEvent::Closed {
+                replica: stream.replica,
+                generation: log.generation,
+                tail,
+                lines: log.lines,
+            });
+        }
+    }
+}
+
+fn open_log(path: &std::path::Path) -> io::Result<File> {
+    OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(0o600)
+        .open(path)
+}
+
+/// `x.log` -> `x.log.1`, `x.log.1` -> `x.log.2`, ...; the oldest beyond `keep` is removed.
+fn rotate(log: &mut ReplicaLog, keep: u32) {
+    let numbered = |n: u32| PathBuf::from(format!("{}.{n}", log.path.display()));
+    if keep == 0 {
+        let _ = fs::remove_file(&log.path);
+    } else {
+        let _ = fs::remove_file(numbered(keep));
+        for n in (1..keep).rev() {
+            let _ = fs::rename(numbered(n), numbered(n + 1));
+        }
+        let _ = fs::rename(&log.path, numbered(1));
+    }
+    match open_log(&log.path) {
+        Ok(file) => {
+            log.file = file;
+            log.file_bytes = 0;
+        }
+        Err(error) => eprintln!("gpuvisor: cannot reopen {}: {error}", log.path.display()),
+    }
+}
+
+#[cfg(test)]
+#[path = "logs_tests.rs"]
+mod tests;

@@ -1,0 +1,188 @@
+//! The few facts gpuvisor reads from /proc: parent and process group of every process (to find
+//! a job's whole tree), a process's children, resident memory, and mapped /dev/shm files.
+
+use std::fs;
+use std::path::Path;
+
+/// One line of /proc/PID/stat, the fields gpuvisor uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProcStat {
+    /// Process id.
+    pub pid: i32,
+    /// Parent's pid.
+    pub ppid: i32,
+    /// Process group.
+    pub pgid: i32,
+}
+
+/// Parses the text of /proc/PID/stat (the command name may hold spaces and parentheses).
+pub fn parse_stat(text: &str) -> Option<ProcStat> {
+    let pid = text.split_whitespace().next()?.parse().ok()?;
+    let after_name = &text[text.rfind(')')? + 1..];
+    let mut fields = after_name.split_whitespace();
+    let _state = fields.next()?;
+    let ppid = fields.next()?.parse().ok()?;
+    let pgid = fields.next()?.parse().ok()?;
+    Some(ProcStat { pid, ppid, pgid })
+}
+
+/// The stat of `pid`, if it exists.
+pub fn stat(pid: i32) -> Option<ProcStat> {
+    parse_stat(&fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+}
+
+/// Every process visible in /proc.
+pub fn all_processes() -> Vec<ProcStat> {
+    let Ok(entries) = fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(Result::ok)
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<i32>().ok())
+        .filter_map(stat)
+        .collect()
+}
+
+/// Processes in one of `groups`, or descended from a process that is (children of reaped
+/// parents are reparented to their subreaper, so this is the job's tree as far as it can be
+/// seen).
+pub fn job_tree(groups: &[i32]) -> Vec<i32> {
+    let processes = all_processes();
+    let mut members: Vec<i32> = processes
+        .iter()
+        .filter(|process| groups.contains(&process.pgid))
+        .map(|process| process.pid)
+        .collect();
+    let mut cursor = 0;
+    while cursor < members.len() {
+        let parent = members[cursor];
+        for process in &processes {
+            if process.ppid == parent && !members.contains(&process.pid) {
+                members.push(process.pid);
+            }
+        }
+        cursor += 1;
+    }
+    members
+}
+
+/// Every descendant of `pid`, following each thread's children lists (no scan of all of
+/// /proc: a keeper does this when its command exits).
+pub fn descendants(pid: i32) -> Vec<i32> {
+    let mut found = Vec::new();
+    let mut stack = vec![pid];
+    while let Some(parent) = stack.pop() {
+        for child in children(parent) {
+            if !found.contains(&child) {
+                found.push(child);
+                stack.push(child);
+            }
+        }
+    }
+    found
+}
+
+/// Direct children of `pid`: from every thread's /proc/PID/task/TID/children (a child belongs
+/// to the thread that forked it), falling back to a scan of /proc.
+pub fn children(pid: i32) -> Vec<i32> {
+    let tasks = fs::read_dir(format!("/proc/{pid}/task"));
+    let lists: Option<Vec<String>> = tasks.ok().map(|tasks| {
+        tasks
+            .filter_map(Result::ok)
+            .filter_map(|task| fs::read_to_string(task.path().join("children")).ok())
+            .collect()
+    });
+    match lists {
+        Some(lists) if Path::new(&format!("/proc/{pid}/task/{pid}/children")).exists() => lists
+            .iter()
+            .flat_map(|text| text.split_whitespace())
+            .filter_map(|word| word.parse().ok())
+            .collect(),
+        _ => all_processes()
+            .into_iter()
+            .filter(|process| process.ppid == pid)
+            .map(|process| process.pid)
+            .collect(),
+    }
+}
+
+/// Resident memory of `pid` in bytes (VmRSS).
+pub fn rss_bytes(pid: i32) -> Option<u64> {
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|line| line.starts_with("VmRSS:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+/// Files under /dev/shm that `pid` has mapped (POSIX semaphores and torch shared tensors are
+/// mmapped, so this names the shared-memory objects a process uses).
+pub fn mapped_shm(pid: i32) -> Vec<String> {
+    let Ok(maps) = fs::read_to_string(format!("/proc/{pid}/maps")) else {
+        return Vec::new();
+    };
+    let mut found: Vec<String> = maps
+        .lines()
+        .filter_map(|line| line.find("/dev/shm/").map(|at| &line[at..]))
+        .map(|path| path.trim_end_matches(" (deleted)").to_string())
+        .collect();
+    found.sort();
+    found.dedup();
+    found
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stat_lines_with_odd_names_parse() {
+        let text = "4242 (my (odd) name) S 17 4242 4242 0 -1 4194560 100 0 0 0";
+        assert_eq!(
+            parse_stat(text),
+            Some(ProcStat {
+                pid: 4242,
+                ppid: 17,
+                pgid: 4242
+            })
+        );
+        assert_eq!(parse_stat("garbage"), None);
+    }
+
+    #[test]
+    fn descendants_are_found_through_every_level() {
+        // shell -> (inner shell -> sleep), sleep: three descendants on two levels.
+        let mut child = std::process::Command::new("sh")
+            .args(["-c", "sh -c 'sleep 5; true' & sleep 5 & wait"])
+            .spawn()
+            .unwrap();
+        let shell = child.id() as i32;
+        let mut found = Vec::new();
+        for _ in 0..200 {
+            found = descendants(shell);
+            if found.len() >= 3 {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        let grandchildren = found
+            .iter()
+            .filter(|&&pid| stat(pid).is_some_and(|s| s.ppid != shell))
+            .count();
+        for pid in found.iter().chain([&shell]) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(*pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+        let _ = child.wait();
+        assert_eq!(found.len(), 3, "{found:?}");
+        assert_eq!(grandchildren, 1, "{found:?}");
+    }
+
+    #[test]
+    fn this_process_is_visible() {
+        let me = std::process::id() as i32;
+        assert_eq!(stat(me).map(|stat| stat.pid), Some(me));
+        assert!(rss_bytes(me).unwrap() > 0);
+    }
+}

@@ -1,0 +1,109 @@
+//! Reading a run record back: `ps` of a finished run (or of one whose supervisor was killed)
+//! from its `events.jsonl`.
+
+use std::io;
+use std::path::Path;
+
+use serde_json::{Map, Value};
+
+use crate::control::PsRow;
+use crate::events::read_events;
+
+/// One row per replica seen in the record, in order of first appearance.
+pub fn ps_from_record(events_path: &Path) -> io::Result<Vec<PsRow>> {
+    Ok(ps_from_events(&read_events(events_path)?))
+}
+
+/// The rows `ps` shows for these events.
+pub fn ps_from_events(events: &[Map<String, Value>]) -> Vec<PsRow> {
+    let ended = events.iter().any(|event| event["kind"] == "job-end");
+    let mut rows: Vec<PsRow> = Vec::new();
+    for event in events {
+        let Some(label) = event.get("process").and_then(Value::as_str) else {
+            continue;
+        };
+        let kind = event["kind"].as_str().unwrap_or("");
+        let index = match rows.iter().position(|row| row.label == label) {
+            Some(index) => index,
+            None => {
+                rows.push(PsRow {
+                    process: label.split('[').next().unwrap_or(label).to_string(),
+                    replica: event.get("replica").and_then(Value::as_u64).unwrap_or(0) as u32,
+                    label: label.to_string(),
+                    state: "waiting".into(),
+                    pid: None,
+                    group: None,
+                    restarts: 0,
+                    gpu_used_bytes: None,
+                    gpu_peak_bytes: None,
+                    budget_bytes: 0,
+                    uptime_ms: None,
+                    last_exit: None,
+                });
+                rows.len() - 1
+            }
+        };
+        let row = &mut rows[index];
+        match kind {
+            "start" => {
+                row.state = "running".into();
+                row.pid = event
+                    .get("pid")
+                    .and_then(Value::as_i64)
+                    .map(|pid| pid as i32);
+            }
+            "exit" => {
+                row.state = "exited".into();
+                row.pid = None;
+                row.group = None;
+                row.last_exit = event
+                    .get("summary")
+                    .and_then(Value::as_str)
+                    .map(str::to_string);
+            }
+            "restart" => row.restarts += 1,
+            "failed" | "crash-loop" | "blocked" => row.state = kind.to_string(),
+            _ => {}
+        }
+    }
+    if !ended {
+        // The supervisor was killed: what was running then went with it (keepers kill trees).
+        for row in &mut rows {
+            if row.state == "running" {
+                row.state = "gone (supervisor killed)".into();
+            }
+        }
+    }
+    rows
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(text: &str) -> Map<String, Value> {
+        serde_json::from_str(text).unwrap()
+    }
+
+    #[test]
+    fn rows_follow_the_record() {
+        let events = [
+            event(r#"{"kind":"start","process":"actor[1]","replica":1,"pid":10}"#),
+            event(r#"{"kind":"exit","process":"actor[1]","replica":1,"summary":"exit code 1"}"#),
+            event(r#"{"kind":"restart","process":"actor[1]","replica":1}"#),
+            event(r#"{"kind":"start","process":"actor[1]","replica":1,"pid":11}"#),
+            event(r#"{"kind":"start","process":"learner","replica":0,"pid":9}"#),
+        ];
+        let rows = ps_from_events(&events);
+        assert_eq!(rows.len(), 2);
+        assert_eq!(rows[0].process, "actor");
+        assert_eq!(rows[0].replica, 1);
+        assert_eq!(rows[0].restarts, 1);
+        assert_eq!(rows[0].last_exit.as_deref(), Some("exit code 1"));
+        assert_eq!(
+            rows[0].state, "gone (supervisor killed)",
+            "no job-end: the supervisor died"
+        );
+        assert_eq!(rows[1].pid, Some(9));
+    }
+}

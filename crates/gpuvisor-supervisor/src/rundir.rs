@@ -1,0 +1,221 @@
+//! The run directory: where one run keeps its record.
+//!
+//! ```text
+//! runs/<job>-<YYYYMMDDTHHMMSSZ>/     owner-only (0700)
+//!   plan.json        the plan the run was started with
+//!   events.jsonl     the event log (append-only)
+//!   control.sock     the control socket while the supervisor runs (0600)
+//!   supervisor.pid   the supervisor's pid
+//!   logs/<name>[.<replica>].log   each replica's stdout and stderr, timestamped (+ .1, .2 rotated)
+//! ```
+
+use std::fs::{self, DirBuilder, OpenOptions};
+use std::io::{self, Write};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use crate::clock::{compact_utc, now_unix_ms};
+
+/// Why a run directory cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum RunDirError {
+    /// It cannot be created or written.
+    #[error("cannot create the run directory {path}: {source}\n  hint: choose a writable place with --run-dir DIR")]
+    Unwritable {
+        /// The directory.
+        path: PathBuf,
+        /// The OS error.
+        source: io::Error,
+    },
+    /// Another `run` used it already.
+    #[error("the run directory {path} already holds a run (it has an events.jsonl)\n  hint: give a new directory with --run-dir, or leave it out to get ./runs/<job>-<time>/")]
+    InUse {
+        /// The directory.
+        path: PathBuf,
+    },
+}
+
+/// A run directory, created and claimed by this supervisor.
+#[derive(Debug, Clone)]
+pub struct RunDir {
+    path: PathBuf,
+}
+
+/// The default parent of run directories.
+pub const DEFAULT_RUNS: &str = "runs";
+
+impl RunDir {
+    /// `./runs/<job>-<UTC time>/` (with `-2`, `-3`... if two runs start in one second).
+    pub fn default_path(runs: &Path, job: &str) -> PathBuf {
+        // The job's name becomes one path component, whatever it holds.
+        let job: String = job
+            .chars()
+            .map(|c| {
+                if c.is_alphanumeric() || c == '-' || c == '_' || c == '.' {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect();
+        let base = format!("{job}-{}", compact_utc(now_unix_ms()));
+        let mut path = runs.join(&base);
+        let mut counter = 2;
+        while path.exists() {
+            path = runs.join(format!("{base}-{counter}"));
+            counter += 1;
+        }
+        path
+    }
+
+    /// Creates (or claims an empty existing) directory at `path`, owner-only, with `logs/`.
+    /// Refuses a directory that already holds a run. Nothing has been started when this fails.
+    pub fn create(path: &Path) -> Result<RunDir, RunDirError> {
+        let unwritable = |source| RunDirError::Unwritable {
+            path: path.to_path_buf(),
+            source,
+        };
+        DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(path)
+            .map_err(unwritable)?;
+        // An existing directory keeps its mode from before: make it owner-only too.
+        fs::set_permissions(path, fs::Permissions::from_mode(0o700)).map_err(unwritable)?;
+        // The claim: create the pid file exclusively; a second `run` here fails on it.
+        let claim = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(path.join("supervisor.pid"));
+        let mut claim = match claim {
+            Ok(file) => file,
+            Err(error) if error.kind() == io::ErrorKind::AlreadyExists => {
+                return Err(RunDirError::InUse {
+                    path: path.to_path_buf(),
+                })
+            }
+            Err(error) => return Err(unwritable(error)),
+        };
+        if path.join("events.jsonl").exists() {
+            return Err(RunDirError::InUse {
+                path: path.to_path_buf(),
+            });
+        }
+        writeln!(claim, "{}", std::process::id()).map_err(unwritable)?;
+        DirBuilder::new()
+            .mode(0o700)
+            .create(path.join("logs"))
+            .or_else(|error| match error.kind() {
+                io::ErrorKind::AlreadyExists => Ok(()),
+                _ => Err(error),
+            })
+            .map_err(unwritable)?;
+        Ok(RunDir {
+            path: path.to_path_buf(),
+        })
+    }
+
+    /// The directory.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// `events.jsonl`.
+    pub fn events_path(&self) -> PathBuf {
+        self.path.join("events.jsonl")
+    }
+
+    /// `plan.json`.
+    pub fn plan_path(&self) -> PathBuf {
+        self.path.join("plan.json")
+    }
+
+    /// `control.sock`.
+    pub fn socket_path(&self) -> PathBuf {
+        socket_path(&self.path)
+    }
+
+    /// `logs/`.
+    pub fn logs_path(&self) -> PathBuf {
+        self.path.join("logs")
+    }
+
+    /// Writes `plan.json` (owner-only).
+    pub fn write_plan(&self, json: &str) -> io::Result<()> {
+        let mut file = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(self.plan_path())?;
+        file.write_all(json.as_bytes())?;
+        file.write_all(b"\n")
+    }
+}
+
+/// The control socket of the run in `dir`.
+pub fn socket_path(dir: &Path) -> PathBuf {
+    dir.join("control.sock")
+}
+
+/// The most recent run under `runs` (by the time its events.jsonl was last written), if any.
+pub fn latest_run(runs: &Path) -> Option<PathBuf> {
+    fs::read_dir(runs)
+        .ok()?
+        .filter_map(Result::ok)
+        .filter_map(|entry| {
+            let events = entry.path().join("events.jsonl");
+            let modified = fs::metadata(&events)
+                .and_then(|meta| meta.modified())
+                .ok()?;
+            Some((modified, entry.path()))
+        })
+        .max()
+        .map(|(_, path)| path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_run_directory_is_owner_only_and_claimed_once() {
+        let parent = tempfile::tempdir().unwrap();
+        let path = parent.path().join("runs/job-1");
+        let run = RunDir::create(&path).unwrap();
+        let mode = fs::metadata(run.path()).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o700);
+        assert!(run.logs_path().is_dir());
+        let second = RunDir::create(&path).unwrap_err();
+        assert!(matches!(second, RunDirError::InUse { .. }), "{second}");
+    }
+
+    #[test]
+    fn a_default_path_is_one_directory_per_run_under_runs() {
+        let path = RunDir::default_path(Path::new("runs"), "rl/../x y");
+        assert_eq!(path.parent(), Some(Path::new("runs")));
+        let name = path.file_name().unwrap().to_str().unwrap();
+        assert!(name.starts_with("rl_.._x_y-20"), "{name}");
+    }
+
+    #[test]
+    fn an_unwritable_place_is_an_error() {
+        let parent = tempfile::tempdir().unwrap();
+        let file = parent.path().join("a-file");
+        fs::write(&file, "x").unwrap();
+        let error = RunDir::create(&file.join("run")).unwrap_err();
+        assert!(matches!(error, RunDirError::Unwritable { .. }), "{error}");
+        assert!(error.to_string().contains("hint: "));
+    }
+
+    #[test]
+    fn the_latest_run_is_the_last_written() {
+        let parent = tempfile::tempdir().unwrap();
+        for name in ["a", "b"] {
+            let run = RunDir::create(&parent.path().join(name)).unwrap();
+            fs::write(run.events_path(), "{}\n").unwrap();
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        assert_eq!(latest_run(parent.path()).unwrap(), parent.path().join("b"));
+    }
+}

@@ -1,0 +1,373 @@
+//! The supervisor's event loop: it owns the [`Machine`], carries out its actions (spawn,
+//! signal, record), and turns everything that happens (exits from the reaper, log events,
+//! signals, control requests, timers) into its inputs. One thread decides; the others only
+//! report to it over one channel.
+
+use std::ffi::OsString;
+use std::net::{SocketAddr, TcpStream};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use gpuvisor_core::spec::RestartSpec;
+use nix::sys::prctl;
+use nix::sys::signal::{killpg, SigSet, Signal};
+use nix::unistd::Pid;
+use regex::bytes::Regex;
+use serde_json::{json, Value};
+
+use crate::cause::{self, Evidence};
+use crate::cleanup::{clean_shm, JobFootprint};
+use crate::control::{self, PsRow, Request};
+use crate::events::{Event, EventLog};
+use crate::logs::{LogConfig, LogEvent, LogPump};
+use crate::procfs;
+use crate::rundir::RunDir;
+use crate::spawn::{ExitStatus, Launch, Spawner};
+use crate::state::{Action, Input, Machine, Member, Phase};
+use crate::terminal::TerminalWriter;
+
+/// When a replica counts as ready (its dependants may start).
+#[derive(Debug, Clone)]
+pub enum Readiness {
+    /// As soon as it runs.
+    Started,
+    /// When a line of its output matches.
+    LogLine(Regex),
+    /// When something accepts TCP connections on 127.0.0.1 at this port.
+    Port(u16),
+    /// When it exits with status 0 (a set-up step; it is not restarted then).
+    Exit,
+}
+
+/// One replica to supervise.
+#[derive(Debug, Clone)]
+pub struct ReplicaSpec {
+    /// Its process's name.
+    pub process: String,
+    /// Replica number.
+    pub replica: u32,
+    /// `name` or `name[r]`.
+    pub label: String,
+    /// Its log file: `logs/<file_stem>.log`.
+    pub file_stem: String,
+    /// What to run.
+    pub launch: Launch,
+    /// Processes it waits for.
+    pub after: Vec<String>,
+    /// Restart policy.
+    pub restart: RestartSpec,
+    /// The first signal of a stop.
+    pub stop_signal: Signal,
+    /// Milliseconds from that signal to SIGKILL.
+    pub grace_ms: u64,
+    /// When it is ready.
+    pub readiness: Readiness,
+    /// Its GPU budget per GPU (0 for CPU-only), for `ps` and the summary.
+    pub budget_bytes: u64,
+}
+
+/// GPU memory of one replica, from the ledger.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GpuUsage {
+    /// In use now, bytes.
+    pub used_bytes: u64,
+    /// Peak, bytes.
+    pub peak_bytes: u64,
+    /// Allocations refused so far.
+    pub denials: u64,
+}
+
+/// What the ledger says, per replica (index = replica), plus events since the last sample.
+#[derive(Debug, Clone, Default)]
+pub struct GpuSample {
+    /// Usage per replica (`None`: not known).
+    pub usage: Vec<Option<GpuUsage>>,
+    /// Denials, violations... to record.
+    pub events: Vec<Event>,
+}
+
+/// What `run` plugs into the supervisor: the shim and ledger live outside this crate.
+pub trait Hooks: Send {
+    /// Extra environment for replica `index` before each start (the shim, its ledger group).
+    fn before_spawn(&mut self, index: usize) -> std::io::Result<Vec<(String, Option<String>)>> {
+        let _ = index;
+        Ok(Vec::new())
+    }
+    /// GPU memory per replica now.
+    fn sample(&mut self) -> GpuSample {
+        GpuSample::default()
+    }
+    /// Every process is gone: release what was set up; events to record.
+    fn finish(&mut self) -> Vec<Event> {
+        Vec::new()
+    }
+}
+
+/// Hooks that add nothing (enforcement off, or tests).
+#[derive(Debug, Default)]
+pub struct NoHooks;
+
+impl Hooks for NoHooks {}
+
+/// How to supervise.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// The job's name.
+    pub job: String,
+    /// The keeper command (`[gpuvisor, __keeper]`); `None` starts commands directly.
+    pub keeper: Option<Vec<OsString>>,
+    /// Copy output to the terminal.
+    pub terminal: bool,
+    /// Rotate a log file past this size.
+    pub max_log_bytes: u64,
+    /// Rotated log files kept.
+    pub keep_rotated: u32,
+    /// Where shared-memory leftovers are looked for.
+    pub shm_dir: PathBuf,
+    /// How often process trees are sampled (RSS, pids, mapped /dev/shm files).
+    pub sample_interval: Duration,
+}
+
+impl Options {
+    /// Defaults for `job`: keeper as given, terminal on, 100 MiB log files, 5 kept.
+    pub fn new(job: &str, keeper: Option<Vec<OsString>>) -> Options {
+        Options {
+            job: job.to_string(),
+            keeper,
+            terminal: true,
+            max_log_bytes: 100 << 20,
+            keep_rotated: 5,
+            shm_dir: PathBuf::from("/dev/shm"),
+            sample_interval: Duration::from_secs(1),
+        }
+    }
+}
+
+/// One row of the exit summary.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SummaryRow {
+    /// `name` or `name[r]`.
+    pub label: String,
+    /// Restarts.
+    pub restarts: u32,
+    /// Last exit cause (or its state if it never exited).
+    pub cause: String,
+    /// Peak GPU memory, if known.
+    pub gpu_peak_bytes: Option<u64>,
+    /// Budget.
+    pub budget_bytes: u64,
+    /// Total time it ran, all lives.
+    pub run_ms: u64,
+}
+
+/// How the job ended.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    /// The exit status for gpuvisor: 1 if something failed for good; else 128 + the signal if
+    /// a signal stopped the job (130 for Ctrl-C); else 0.
+    pub status: u8,
+    /// One row per replica.
+    pub rows: Vec<SummaryRow>,
+}
+
+enum Msg {
+    Reaped(i32, ExitStatus),
+    Log(LogEvent),
+    Signal(Signal),
+    Control(control::Incoming),
+    PortOpen(usize, u64),
+}
+
+#[derive(Default)]
+struct Track {
+    generation: u64,
+    pid: Option<i32>,
+    started: Option<Instant>,
+    signalled: Option<i32>,
+    port_watch: Option<Arc<AtomicBool>>,
+    pending_exit: Option<(u64, ExitStatus, Instant)>,
+    closed: Option<(u64, Vec<String>)>,
+    last_cause: Option<String>,
+    run_ms: u64,
+    peak_rss: Option<u64>,
+    gpu: Option<GpuUsage>,
+}
+
+/// Runs the job to its end: starts every replica in dependency order, restarts and stops by
+/// policy, records everything in `run_dir`, serves the control socket, cleans up. Returns when
+/// every replica is done (or stopped).
+///
+/// It owns the process's children while it runs: it reaps every child (waitid on all), makes
+/// the process a child subreaper, blocks SIGINT / SIGTERM / SIGHUP in the calling thread (the
+/// one that must stay alive: keepers die with it), and at the end kills any child left. Call
+/// it once at a time per process, from a process that starts no other children meanwhile.
+pub fn supervise(
+    replicas: Vec<ReplicaSpec>,
+    run_dir: &RunDir,
+    options: Options,
+    hooks: &mut dyn Hooks,
+) -> std::io::Result<Outcome> {
+    // Signals are taken by one thread; block them before any thread exists so all inherit it.
+    let mut signals = SigSet::empty();
+    for signal in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
+        signals.add(signal);
+    }
+    signals.thread_block()?;
+    // Orphans anywhere below us come to us, to be killed and reaped, not to init.
+    prctl::set_child_subreaper(true)?;
+    let events = EventLog::create(&run_dir.events_path())?;
+    let (sender, receiver) = mpsc::channel::<Msg>();
+    {
+        let sender = sender.clone();
+        std::thread::Builder::new()
+            .name("gpuvisor-signals".into())
+            .spawn(move || {
+                while let Ok(signal) = signals.wait() {
+                    if sender.send(Msg::Signal(signal)).is_err() {
+                        return;
+                    }
+                }
+            })?;
+    }
+    let spawner = Spawner::new(options.keeper.clone());
+    let reaper_stop = Arc::new(AtomicBool::new(false));
+    let reaper = {
+        let (exit_sender, exit_receiver) = mpsc::channel();
+        let reaper = spawner.reaper();
+        let stop = Arc::clone(&reaper_stop);
+        let forward = sender.clone();
+        let handle = std::thread::Builder::new()
+            .name("gpuvisor-reaper".into())
+            .spawn(move || reaper.run(exit_sender, &stop))?;
+        std::thread::Builder::new()
+            .name("gpuvisor-exits".into())
+            .spawn(move || {
+                for (pid, status) in exit_receiver {
+                    if forward.send(Msg::Reaped(pid, status)).is_err() {
+                        return;
+                    }
+                }
+            })?;
+        handle
+    };
+    let terminal = options.terminal.then(|| {
+        TerminalWriter::start(
+            replicas.iter().map(|spec| spec.label.clone()).collect(),
+            10_000,
+        )
+    });
+    let pump = {
+        let sender = std::sync::Mutex::new(sender.clone());
+        LogPump::start(
+            LogConfig {
+                dir: run_dir.logs_path(),
+                max_file_bytes: options.max_log_bytes,
+                keep_rotated: options.keep_rotated,
+            },
+            replicas.iter().map(|spec| spec.file_stem.clone()).collect(),
+            terminal.as_ref().map(TerminalWriter::queue),
+            Box::new(move |event| {
+                let _ = sender
+                    .lock()
+                    .unwrap_or_else(|poison| poison.into_inner())
+                    .send(Msg::Log(event));
+            }),
+        )?
+    };
+    {
+        let (control_sender, control_receiver) = mpsc::channel::<control::Incoming>();
+        control::serve(&run_dir.socket_path(), control_sender)?;
+        let sender = sender.clone();
+        std::thread::Builder::new()
+            .name("gpuvisor-requests".into())
+            .spawn(move || {
+                for incoming in control_receiver {
+                    if sender.send(Msg::Control(incoming)).is_err() {
+                        return;
+                    }
+                }
+            })?;
+    }
+    let members = replicas.iter().map(member_of).collect();
+    let seed = crate::clock::now_unix_ms() ^ u64::from(std::process::id());
+    let mut run = Run {
+        machine: Machine::new(members, seed),
+        tracks: (0..replicas.len()).map(|_| Track::default()).collect(),
+        specs: replicas,
+        events,
+        spawner,
+        pump,
+        sender,
+        hooks,
+        options,
+        epoch: Instant::now(),
+        footprint: JobFootprint::default(),
+        oom_kills: cause::cgroup_oom_kills(),
+        memory_limit: cause::memory_limit_bytes(),
+        interrupts: 0,
+        first_signal: None,
+        job_end: None,
+    };
+    run.events.write(
+        &Event::new("job-start")
+            .with("job", run.options.job.clone())
+            .with("pid", std::process::id())
+            .with("replicas", run.specs.len()),
+    );
+    let mut status = run.main_loop(&receiver);
+    if let (0, Some(signal)) = (status, run.first_signal) {
+        // Stopped by a signal with nothing failed: say so, as shells do (130 for SIGINT).
+        status = 128 + signal as u8;
+    }
+    run.finish_job(&receiver);
+    reaper_stop.store(true, Ordering::SeqCst);
+    let _ = reaper.join();
+    let rows = run.summary_rows();
+    let Run { pump, .. } = run;
+    pump.finish();
+    if let Some(terminal) = terminal {
+        terminal.finish();
+    }
+    let _ = std::fs::remove_file(run_dir.socket_path());
+    Ok(Outcome { status, rows })
+}
+
+fn member_of(spec: &ReplicaSpec) -> Member {
+    Member {
+        process: spec.process.clone(),
+        label: spec.label.clone(),
+        after: spec.after.clone(),
+        restart: spec.restart.clone(),
+        grace_ms: spec.grace_ms,
+        ready_when_started: matches!(spec.readiness, Readiness::Started),
+        ready_when_exited: matches!(spec.readiness, Readiness::Exit),
+    }
+}
+
+struct Run<'hooks> {
+    machine: Machine,
+    tracks: Vec<Track>,
+    specs: Vec<ReplicaSpec>,
+    events: EventLog,
+    spawner: Spawner,
+    pump: LogPump,
+    sender: Sender<Msg>,
+    hooks: &'hooks mut dyn Hooks,
+    options: Options,
+    epoch: Instant,
+    footprint: JobFootprint,
+    oom_kills: Option<u64>,
+    memory_limit: Option<u64>,
+    interrupts: u32,
+    first_signal: Option<Signal>,
+    job_end: Option<Event>,
+}
+
+/// How long an exit waits for the replica's pipes to close (to read its last lines).
+const TAIL_WAIT: Duration = Duration::from_millis(500);
+
+#[path = "supervisor_loop.rs"]
+mod main_loop;

@@ -1,0 +1,487 @@
+//! The body of the event loop (split from supervisor.rs for size).
+
+use super::*;
+
+impl Run<'_> {
+    fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
+    }
+
+    /// Runs until the machine finishes; returns the job's exit status.
+    pub(super) fn main_loop(&mut self, receiver: &Receiver<Msg>) -> u8 {
+        let mut inputs = vec![Input::Tick];
+        let mut last_sample = Instant::now();
+        let mut last_gpu_sample = Instant::now();
+        loop {
+            while !inputs.is_empty() {
+                let input = inputs.remove(0);
+                let now = self.now_ms();
+                let actions = self.machine.step(now, input);
+                for action in actions {
+                    if let Some(code) = self.act(action, &mut inputs) {
+                        return code;
+                    }
+                }
+            }
+            let now = self.now_ms();
+            let mut wait = Duration::from_millis(200);
+            if let Some(deadline) = self.machine.next_deadline() {
+                wait = wait.min(Duration::from_millis(deadline.saturating_sub(now)));
+            }
+            match receiver.recv_timeout(wait) {
+                Ok(message) => self.handle(message, &mut inputs),
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+                Err(mpsc::RecvTimeoutError::Disconnected) => return 1,
+            }
+            self.flush_exits(&mut inputs);
+            if last_sample.elapsed() >= self.options.sample_interval {
+                last_sample = Instant::now();
+                self.sample_processes();
+            }
+            if last_gpu_sample.elapsed() >= Duration::from_millis(500) {
+                last_gpu_sample = Instant::now();
+                self.sample_gpu();
+            }
+            inputs.push(Input::Tick);
+        }
+    }
+
+    /// Carries out one action; `Some(status)` when the job is over.
+    fn act(&mut self, action: Action, inputs: &mut Vec<Input>) -> Option<u8> {
+        match action {
+            Action::Spawn(index) => match self.spawn(index) {
+                Ok(()) => inputs.push(Input::Spawned(index)),
+                Err(reason) => inputs.push(Input::SpawnFailed(index, reason)),
+            },
+            Action::Stop(index) => self.signal(index, self.specs[index].stop_signal),
+            Action::Kill(index) => self.signal(index, Signal::SIGKILL),
+            Action::Event { event, .. } if event.kind == "job-end" => self.job_end = Some(event),
+            Action::Event { replica, event } => {
+                let event = match replica {
+                    Some(index) if !event.fields.contains_key("replica") => {
+                        event.with("replica", self.specs[index].replica)
+                    }
+                    _ => event,
+                };
+                self.events.write(&event);
+            }
+            Action::Finish(code) => return Some(code),
+        }
+        None
+    }
+
+    fn spawn(&mut self, index: usize) -> Result<(), String> {
+        let mut launch: Launch = self.specs[index].launch.clone();
+        let extra = self
+            .hooks
+            .before_spawn(index)
+            .map_err(|error| format!("cannot prepare its start: {error}"))?;
+        launch.env.extend(extra);
+        let started = self
+            .spawner
+            .spawn(&launch)
+            .map_err(|error| error.to_string())?;
+        let track = &mut self.tracks[index];
+        track.generation += 1;
+        track.pid = Some(started.pid);
+        track.started = Some(Instant::now());
+        track.signalled = None;
+        track.pending_exit = None;
+        track.closed = None;
+        self.footprint.pids.insert(started.pid);
+        let ready = match &self.specs[index].readiness {
+            Readiness::LogLine(pattern) => Some(pattern.clone()),
+            _ => None,
+        };
+        if let Err(error) = self.pump.register(
+            index,
+            track.generation,
+            started.stdout,
+            started.stderr,
+            ready,
+        ) {
+            eprintln!(
+                "gpuvisor: cannot read the output of {}: {error}",
+                self.specs[index].label
+            );
+        }
+        if let Readiness::Port(port) = self.specs[index].readiness {
+            let flag = Arc::new(AtomicBool::new(true));
+            track.port_watch = Some(Arc::clone(&flag));
+            watch_port(port, index, track.generation, flag, self.sender.clone());
+        }
+        let spec = &self.specs[index];
+        let mut event = Event::new("start")
+            .with("process", spec.label.clone())
+            .with("replica", spec.replica)
+            .with("pid", started.pid)
+            .with("life", track.generation);
+        if track.generation == 1 {
+            event = event.with("argv", spec.launch.argv.clone());
+        }
+        self.events.write(&event);
+        Ok(())
+    }
+
+    fn signal(&mut self, index: usize, signal: Signal) {
+        let Some(pid) = self.tracks[index].pid else {
+            return;
+        };
+        self.tracks[index].signalled = Some(signal as i32);
+        let result = killpg(Pid::from_raw(pid), signal);
+        let mut event = Event::new("signal")
+            .with("process", self.specs[index].label.clone())
+            .with("replica", self.specs[index].replica)
+            .with("signal", signal.as_str())
+            .with("group", pid);
+        if let Err(error) = result {
+            event = event.with("error", error.desc());
+        }
+        self.events.write(&event);
+    }
+
+    fn handle(&mut self, message: Msg, inputs: &mut Vec<Input>) {
+        match message {
+            Msg::Reaped(pid, status) => {
+                let found = self.tracks.iter().position(|track| track.pid == Some(pid));
+                if let Some(index) = found {
+                    let track = &mut self.tracks[index];
+                    track.pid = None;
+                    if let Some(watch) = track.port_watch.take() {
+                        watch.store(false, Ordering::SeqCst);
+                    }
+                    let generation = track.generation;
+                    track.pending_exit = Some((generation, status, Instant::now() + TAIL_WAIT));
+                }
+            }
+            Msg::Log(LogEvent::Ready {
+                replica,
+                generation,
+            }) => {
+                if self.tracks[replica].generation == generation
+                    && self.tracks[replica].pid.is_some()
+                {
+                    inputs.push(Input::Ready(replica));
+                }
+            }
+            Msg::Log(LogEvent::Closed {
+                replica,
+                generation,
+                tail,
+                ..
+            }) => self.tracks[replica].closed = Some((generation, tail)),
+            Msg::PortOpen(replica, generation) => {
+                if self.tracks[replica].generation == generation
+                    && self.tracks[replica].pid.is_some()
+                {
+                    inputs.push(Input::Ready(replica));
+                }
+            }
+            Msg::Signal(signal) => {
+                self.events
+                    .write(&Event::new("signal-received").with("signal", signal.as_str()));
+                self.interrupts += 1;
+                self.first_signal.get_or_insert(signal);
+                if self.interrupts == 1 {
+                    inputs.push(Input::Shutdown(format!("{} received", signal.as_str())));
+                } else {
+                    inputs.push(Input::Escalate);
+                }
+            }
+            Msg::Control((request, reply)) => {
+                let answer = self.control(request, inputs);
+                let _ = reply.send(answer);
+            }
+        }
+    }
+
+    fn control(&mut self, request: Request, inputs: &mut Vec<Input>) -> Value {
+        let check = |process: &str| -> Result<(), Value> {
+            if self.specs.iter().any(|spec| spec.process == process) {
+                return Ok(());
+            }
+            let mut names: Vec<&str> = self
+                .specs
+                .iter()
+                .map(|spec| spec.process.as_str())
+                .collect();
+            names.dedup();
+            Err(control::error_reply(&format!(
+                "no process `{process}` in job {}\n  hint: processes are: {}",
+                self.options.job,
+                names.join(", ")
+            )))
+        };
+        match request {
+            Request::Ps => {
+                json!({ "ok": true, "job": self.options.job, "replicas": self.ps_rows() })
+            }
+            Request::Stop { process: None } => {
+                self.events
+                    .write(&Event::new("control").with("cmd", "stop"));
+                inputs.push(Input::Shutdown("gpuvisor stop".into()));
+                json!({ "ok": true })
+            }
+            Request::Stop {
+                process: Some(process),
+            } => match check(&process) {
+                Ok(()) => {
+                    self.events.write(
+                        &Event::new("control")
+                            .with("cmd", "stop")
+                            .with("process", process.clone()),
+                    );
+                    inputs.push(Input::StopProcess(process));
+                    json!({ "ok": true })
+                }
+                Err(error) => error,
+            },
+            Request::Restart { process } => match check(&process) {
+                Ok(()) => {
+                    self.events.write(
+                        &Event::new("control")
+                            .with("cmd", "restart")
+                            .with("process", process.clone()),
+                    );
+                    inputs.push(Input::RestartProcess(process));
+                    json!({ "ok": true })
+                }
+                Err(error) => error,
+            },
+        }
+    }
+
+    fn ps_rows(&self) -> Vec<PsRow> {
+        self.specs
+            .iter()
+            .zip(&self.tracks)
+            .zip(self.machine.slots())
+            .map(|((spec, track), slot)| PsRow {
+                process: spec.process.clone(),
+                replica: spec.replica,
+                label: spec.label.clone(),
+                state: slot.phase.name().to_string(),
+                // The command is the keeper's first child.
+                pid: track
+                    .pid
+                    .map(|keeper| procfs::children(keeper).first().copied().unwrap_or(keeper)),
+                group: track.pid,
+                restarts: slot.restarts,
+                gpu_used_bytes: track.gpu.map(|gpu| gpu.used_bytes),
+                gpu_peak_bytes: track.gpu.map(|gpu| gpu.peak_bytes),
+                budget_bytes: spec.budget_bytes,
+                uptime_ms: track
+                    .pid
+                    .and(track.started)
+                    .map(|started| started.elapsed().as_millis() as u64),
+                last_exit: track.last_cause.clone(),
+            })
+            .collect()
+    }
+
+    /// Exits whose pipes closed (or waited long enough) are classified and fed to the machine.
+    fn flush_exits(&mut self, inputs: &mut Vec<Input>) {
+        let now = Instant::now();
+        for index in 0..self.tracks.len() {
+            let Some((generation, status, deadline)) = self.tracks[index].pending_exit else {
+                continue;
+            };
+            let closed =
+                matches!(&self.tracks[index].closed, Some((closed, _)) if *closed == generation);
+            if !closed && now < deadline {
+                continue;
+            }
+            let tail = match self.tracks[index].closed.take() {
+                Some((closed, tail)) if closed == generation => tail,
+                _ => Vec::new(),
+            };
+            self.tracks[index].pending_exit = None;
+            // Fresh ledger figures: a short life may have been refused since the last sample.
+            self.sample_gpu();
+            let oom_now = cause::cgroup_oom_kills();
+            let oom_kills = match (self.oom_kills, oom_now) {
+                (Some(before), Some(after)) => after.saturating_sub(before),
+                _ => 0,
+            };
+            self.oom_kills = oom_now;
+            let track = &mut self.tracks[index];
+            let evidence = Evidence {
+                signalled_by_us: track.signalled,
+                oom_kills,
+                peak_rss_bytes: track.peak_rss,
+                memory_limit_bytes: self.memory_limit,
+                ledger_denials: track.gpu.map(|gpu| gpu.denials).unwrap_or(0),
+                tail,
+            };
+            let cause = cause::classify(status, &evidence);
+            let ran_ms = track
+                .started
+                .map(|started| started.elapsed().as_millis() as u64)
+                .unwrap_or(0);
+            track.run_ms += ran_ms;
+            track.last_cause = Some(cause.summary.clone());
+            let spec = &self.specs[index];
+            let mut event = Event::new("exit")
+                .with("process", spec.label.clone())
+                .with("replica", spec.replica)
+                .with("life", generation)
+                .with("run_ms", ran_ms);
+            event = match status {
+                ExitStatus::Code(code) => event.with("code", code),
+                ExitStatus::Signal { signal, core } => event
+                    .with(
+                        "signal",
+                        Signal::try_from(signal).map(|s| s.as_str()).unwrap_or("?"),
+                    )
+                    .with("core_dumped", core),
+            };
+            self.events.write(&cause.add_to(event));
+            inputs.push(Input::Exited {
+                index,
+                success: status.success(),
+                cause: cause.summary,
+            });
+        }
+    }
+
+    /// One /proc scan: pids, resident memory and mapped /dev/shm files of every live tree.
+    fn sample_processes(&mut self) {
+        let groups: Vec<i32> = self.tracks.iter().filter_map(|track| track.pid).collect();
+        if groups.is_empty() {
+            return;
+        }
+        let processes = procfs::all_processes();
+        for track in &mut self.tracks {
+            let Some(group) = track.pid else { continue };
+            let mut tree: Vec<i32> = processes
+                .iter()
+                .filter(|process| process.pgid == group)
+                .map(|process| process.pid)
+                .collect();
+            let mut cursor = 0;
+            while cursor < tree.len() {
+                let parent = tree[cursor];
+                tree.extend(
+                    processes
+                        .iter()
+                        .filter(|process| process.ppid == parent && process.pgid != group)
+                        .map(|process| process.pid),
+                );
+                cursor += 1;
+            }
+            let rss: u64 = tree.iter().filter_map(|&pid| procfs::rss_bytes(pid)).sum();
+            track.peak_rss = Some(track.peak_rss.unwrap_or(0).max(rss));
+            for pid in tree {
+                // Every sample: a semaphore created just before a crash is the one that leaks.
+                self.footprint.pids.insert(pid);
+                for path in procfs::mapped_shm(pid) {
+                    self.footprint.mapped.insert(PathBuf::from(path));
+                }
+            }
+        }
+    }
+
+    fn sample_gpu(&mut self) {
+        let sample = self.hooks.sample();
+        for (track, usage) in self.tracks.iter_mut().zip(sample.usage) {
+            if usage.is_some() {
+                track.gpu = usage;
+            }
+        }
+        for event in sample.events {
+            self.events.write(&event);
+        }
+    }
+
+    /// After the last replica: kill and reap stragglers, clean up, record the end.
+    pub(super) fn finish_job(&mut self, receiver: &Receiver<Msg>) {
+        self.sample_gpu();
+        let me = std::process::id() as i32;
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let stragglers = procfs::children(me);
+            if stragglers.is_empty() || Instant::now() > deadline {
+                break;
+            }
+            for pid in &stragglers {
+                let _ = nix::sys::signal::kill(Pid::from_raw(*pid), Signal::SIGKILL);
+            }
+            self.events.write(
+                &Event::new("clean-up")
+                    .with("what", "stray processes")
+                    .with("killed", stragglers.clone()),
+            );
+            // The reaper reaps them; their exits are not replicas'.
+            let _ = receiver.recv_timeout(Duration::from_millis(50));
+        }
+        for event in self.hooks.finish() {
+            self.events.write(&event);
+        }
+        let uid = nix::unistd::getuid().as_raw();
+        let removed = clean_shm(&self.options.shm_dir, uid, &self.footprint);
+        if !removed.is_empty() {
+            let files: Vec<Value> = removed
+                .iter()
+                .map(|removal| {
+                    json!({
+                        "path": removal.path.display().to_string(),
+                        "why": removal.reason,
+                        "error": removal.error,
+                    })
+                })
+                .collect();
+            self.events.write(
+                &Event::new("clean-up")
+                    .with("what", "shared memory")
+                    .with("removed", files),
+            );
+        }
+        let end = self
+            .job_end
+            .take()
+            .unwrap_or_else(|| Event::new("job-end").with("status", 1));
+        self.events.write(&end);
+    }
+
+    pub(super) fn summary_rows(&self) -> Vec<SummaryRow> {
+        self.specs
+            .iter()
+            .zip(&self.tracks)
+            .zip(self.machine.slots())
+            .map(|((spec, track), slot)| SummaryRow {
+                label: spec.label.clone(),
+                restarts: slot.restarts,
+                cause: match (&track.last_cause, slot.phase) {
+                    (_, Phase::Failed) if track.last_cause.is_none() => "not started".into(),
+                    (Some(cause), _) => cause.clone(),
+                    (None, phase) => phase.name().to_string(),
+                },
+                gpu_peak_bytes: track.gpu.map(|gpu| gpu.peak_bytes),
+                budget_bytes: spec.budget_bytes,
+                run_ms: track.run_ms,
+            })
+            .collect()
+    }
+}
+
+/// Polls 127.0.0.1:`port` until something accepts, or `alive` is cleared.
+fn watch_port(
+    port: u16,
+    index: usize,
+    generation: u64,
+    alive: Arc<AtomicBool>,
+    sender: Sender<Msg>,
+) {
+    let address = SocketAddr::from(([127, 0, 0, 1], port));
+    let _ = std::thread::Builder::new()
+        .name("gpuvisor-port".into())
+        .spawn(move || {
+            while alive.load(Ordering::SeqCst) {
+                if TcpStream::connect_timeout(&address, Duration::from_millis(200)).is_ok() {
+                    let _ = sender.send(Msg::PortOpen(index, generation));
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        });
+}

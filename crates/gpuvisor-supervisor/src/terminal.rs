@@ -1,0 +1,199 @@
+//! The terminal side of the logs: a bounded queue of output chunks and one writer thread that
+//! prints each line behind a `name[replica] |` prefix (coloured only on a TTY).
+//!
+//! The pump never waits for the terminal: when the queue is full, the chunk's lines are
+//! dropped here (the log files keep them) and counted per replica; the writer prints the count
+//! the next time it gets to that replica.
+
+use std::collections::VecDeque;
+use std::io::{self, IsTerminal, Write};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+
+/// Complete lines of one replica's output.
+#[derive(Debug)]
+struct Chunk {
+    replica: usize,
+    bytes: Vec<u8>,
+}
+
+#[derive(Debug, Default)]
+struct Queue {
+    chunks: VecDeque<Chunk>,
+    lines: usize,
+    dropped: Vec<u64>,
+    closed: bool,
+}
+
+/// The sending side, held by the log pump.
+#[derive(Debug, Clone)]
+pub struct TerminalQueue {
+    shared: Arc<(Mutex<Queue>, Condvar)>,
+    capacity_lines: usize,
+}
+
+/// The writer thread.
+#[derive(Debug)]
+pub struct TerminalWriter {
+    queue: TerminalQueue,
+    thread: JoinHandle<()>,
+}
+
+impl TerminalQueue {
+    /// Queues `bytes` (complete lines, `lines` of them) of `replica`; drops them when the queue
+    /// is full. Never blocks on the terminal.
+    pub fn push(&self, replica: usize, lines: usize, bytes: &[u8]) {
+        let (lock, ready) = &*self.shared;
+        let mut queue = lock.lock().unwrap_or_else(|poison| poison.into_inner());
+        if queue.lines + lines > self.capacity_lines {
+            if queue.dropped.len() <= replica {
+                queue.dropped.resize(replica + 1, 0);
+            }
+            queue.dropped[replica] += lines as u64;
+            return;
+        }
+        queue.lines += lines;
+        queue.chunks.push_back(Chunk {
+            replica,
+            bytes: bytes.to_vec(),
+        });
+        ready.notify_one();
+    }
+
+    /// Lines dropped so far for each replica.
+    pub fn dropped(&self) -> Vec<u64> {
+        let queue = self
+            .shared
+            .0
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner());
+        queue.dropped.clone()
+    }
+}
+
+impl TerminalWriter {
+    /// Starts a writer printing to stdout with these replica labels; `capacity_lines` bounds
+    /// the queue.
+    pub fn start(labels: Vec<String>, capacity_lines: usize) -> TerminalWriter {
+        let queue = TerminalQueue {
+            shared: Arc::new((Mutex::new(Queue::default()), Condvar::new())),
+            capacity_lines,
+        };
+        let color = io::stdout().is_terminal();
+        let width = labels.iter().map(|label| label.len()).max().unwrap_or(0);
+        let prefixes: Vec<Vec<u8>> = labels
+            .iter()
+            .enumerate()
+            .map(|(index, label)| prefix(label, width, color.then_some(index)))
+            .collect();
+        let shared = Arc::clone(&queue.shared);
+        let thread = std::thread::Builder::new()
+            .name("gpuvisor-terminal".into())
+            .spawn(move || write_loop(&shared, &prefixes))
+            .expect("start the terminal thread");
+        TerminalWriter { queue, thread }
+    }
+
+    /// The queue to push to.
+    pub fn queue(&self) -> TerminalQueue {
+        self.queue.clone()
+    }
+
+    /// Prints what is queued, then stops the thread.
+    pub fn finish(self) {
+        {
+            let (lock, ready) = &*self.queue.shared;
+            lock.lock()
+                .unwrap_or_else(|poison| poison.into_inner())
+                .closed = true;
+            ready.notify_one();
+        }
+        let _ = self.thread.join();
+    }
+}
+
+fn prefix(label: &str, width: usize, color: Option<usize>) -> Vec<u8> {
+    const COLORS: [u8; 6] = [36, 33, 32, 35, 34, 31];
+    let padded = format!("{label:<width$} | ");
+    match color {
+        Some(index) => {
+            format!("\x1b[{}m{padded}\x1b[0m", COLORS[index % COLORS.len()]).into_bytes()
+        }
+        None => padded.into_bytes(),
+    }
+}
+
+fn write_loop(shared: &(Mutex<Queue>, Condvar), prefixes: &[Vec<u8>]) {
+    let (lock, ready) = shared;
+    let stdout = io::stdout();
+    let mut out = io::BufWriter::with_capacity(1 << 16, stdout.lock());
+    let mut reported = vec![0u64; prefixes.len()];
+    loop {
+        let (batch, dropped, closed) = {
+            let mut queue = lock.lock().unwrap_or_else(|poison| poison.into_inner());
+            while queue.chunks.is_empty() && !queue.closed {
+                queue = ready
+                    .wait(queue)
+                    .unwrap_or_else(|poison| poison.into_inner());
+            }
+            let batch: Vec<Chunk> = queue.chunks.drain(..).collect();
+            queue.lines = 0;
+            (batch, queue.dropped.clone(), queue.closed)
+        };
+        for (replica, &count) in dropped.iter().enumerate() {
+            if count > reported[replica] && replica < prefixes.len() {
+                let _ = out.write_all(&prefixes[replica]);
+                let _ = writeln!(
+                    out,
+                    "[gpuvisor: {} lines not shown here, all are in the log file]",
+                    count - reported[replica]
+                );
+                reported[replica] = count;
+            }
+        }
+        for chunk in batch {
+            let Some(prefix) = prefixes.get(chunk.replica) else {
+                continue;
+            };
+            for line in chunk.bytes.split_inclusive(|&byte| byte == b'\n') {
+                let _ = out.write_all(prefix);
+                let _ = out.write_all(line);
+            }
+        }
+        let _ = out.flush();
+        if closed
+            && lock
+                .lock()
+                .map(|queue| queue.chunks.is_empty())
+                .unwrap_or(true)
+        {
+            return;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_full_queue_drops_and_counts_instead_of_blocking() {
+        let queue = TerminalQueue {
+            shared: Arc::new((Mutex::new(Queue::default()), Condvar::new())),
+            capacity_lines: 3,
+        };
+        queue.push(0, 2, b"a\nb\n");
+        queue.push(1, 2, b"c\nd\n");
+        queue.push(0, 1, b"e\n");
+        assert_eq!(queue.dropped(), vec![0, 2]);
+        let state = queue.shared.0.lock().unwrap();
+        assert_eq!(state.lines, 3);
+    }
+
+    #[test]
+    fn prefixes_are_aligned_and_plain_without_a_tty() {
+        assert_eq!(prefix("actor[1]", 8, None), b"actor[1] | ".to_vec());
+        assert_eq!(prefix("sim", 8, None), b"sim      | ".to_vec());
+        assert!(prefix("sim", 3, Some(0)).starts_with(b"\x1b["));
+    }
+}

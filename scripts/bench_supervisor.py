@@ -1,0 +1,318 @@
+#!/usr/bin/env python3
+"""Supervisor benchmarks: log throughput against supervisord and honcho, and start-up of 256 replicas.
+
+Usage: python3 scripts/bench_supervisor.py [--quick] [--seconds N] [--children N] [--rounds N] [--write]
+
+Prints the "## Supervisor" section of docs/benchmarks.md (and replaces that section in the file
+with --write). scripts/bench.py runs it too, as its `supervisor` section.
+
+Log throughput: N children (default 64) each run `yes LINE` for S seconds (default 10), under
+gpuvisor, supervisord and honcho in turn, each tool writing every line to files. Reported: lines
+that reached the files per second of the window, and the CPU the tool's own processes used
+(utime + stime from /proc, sampled every 0.2 s; the children and their `timeout` and `sh` are
+not counted). supervisord and honcho are installed from PyPI into a venv under the temp dir.
+
+Start-up: `gpuvisor run` of a job with 256 CPU-only replicas (`sleep 60`); the time from
+starting `gpuvisor run` to the `start` event of the last replica in events.jsonl.
+"""
+import argparse
+import calendar
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+DOC = ROOT / "docs" / "benchmarks.md"
+LINE = "2026-11-21 12:00:00 INFO actor step=123456 reward=0.98765 loss=0.0123 fps=4567"
+MARKER = b"reward=0.98765"
+WORKLOAD = {"yes", "timeout", "sh"}
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def child_command(seconds):
+    return f"timeout {seconds} yes '{LINE}'; exit 0"
+
+
+def build():
+    subprocess.run(["cargo", "build", "--release", "-p", "gpuvisor-cli"], cwd=ROOT, check=True,
+                   stdout=subprocess.DEVNULL)
+    return ROOT / "target" / "release" / "gpuvisor"
+
+
+def venv(tmp):
+    """A venv with supervisor and honcho from PyPI."""
+    env_dir = tmp / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(env_dir)], check=True)
+    subprocess.run([str(env_dir / "bin" / "pip"), "install", "-q", "supervisor", "honcho"], check=True)
+    return env_dir / "bin"
+
+
+def stat(pid):
+    """(comm, cpu seconds) of pid, or None."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    comm = text[text.index("(") + 1:text.rindex(")")]
+    fields = text[text.rindex(")") + 2:].split()
+    return comm, (int(fields[11]) + int(fields[12])) / TICKS
+
+
+def tree(root):
+    children = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                text = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            ppid = int(text[text.rindex(")") + 2:].split()[1])
+            children.setdefault(ppid, []).append(int(entry))
+    found, stack = [], [root]
+    while stack:
+        pid = stack.pop()
+        found.append(pid)
+        stack.extend(children.get(pid, []))
+    return found
+
+
+class CpuMeter:
+    """Samples the CPU of a process tree, keeping the last value seen for every pid."""
+
+    def __init__(self, root):
+        self.root, self.last = root, {}
+
+    def sample(self):
+        for pid in tree(self.root):
+            seen = stat(pid)
+            if seen:
+                self.last[pid] = seen
+
+    def tool_seconds(self):
+        return sum(cpu for comm, cpu in self.last.values() if comm not in WORKLOAD)
+
+    def workload_running(self):
+        return any(stat(pid) and stat(pid)[0] == "yes" for pid in tree(self.root))
+
+
+def count_lines(paths):
+    total = 0
+    for path in paths:
+        with open(path, "rb") as handle:
+            tail = b""
+            while True:
+                block = handle.read(1 << 24)
+                if not block:
+                    break
+                data = tail + block
+                total += data.count(MARKER)
+                # Keep a partial marker at the block edge for the next round (never a whole one).
+                tail = data[-(len(MARKER) - 1):]
+    return total
+
+
+def run_tool(name, argv, cwd, seconds, stop, outputs, env=None, stdout=None):
+    """Starts a tool, waits for the workload to finish, stops the tool; lines/s and CPU."""
+    started = time.monotonic()
+    process = subprocess.Popen(argv, cwd=cwd, env=env, stdout=stdout or subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL, start_new_session=True)
+    meter = CpuMeter(process.pid)
+    time.sleep(1)
+    while process.poll() is None and (meter.workload_running() or time.monotonic() - started < seconds):
+        meter.sample()
+        time.sleep(0.2)
+    meter.sample()
+    if process.poll() is None:
+        stop(process)
+    try:
+        process.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+    elapsed = time.monotonic() - started
+    files = outputs()
+    lines = count_lines(files)
+    written = sum(path.stat().st_size for path in files)
+    return {"tool": name, "lines": lines, "rate": lines / seconds, "cpu": meter.tool_seconds(),
+            "elapsed": elapsed, "mb_per_s": written / seconds / 1e6}
+
+
+def bench_gpuvisor(binary, work, children, seconds):
+    job = work / "job.toml"
+    job.write_text(f'[process.chatty]\ncommand = ["sh", "-c", "{child_command(seconds)}"]\n'
+                   f'replicas = {children}\ndevice = "cpu"\n')
+    return run_tool("gpuvisor", [str(binary), "run", str(job), "--run-dir", str(work / "run"),
+                                 "--simulate", "1x80GiB", "--quiet"],
+                    work, seconds, lambda p: p.send_signal(signal.SIGINT),
+                    lambda: sorted((work / "run" / "logs").glob("*.log*")))
+
+
+def bench_supervisord(bin_dir, work, children, seconds):
+    (work / "logs").mkdir()
+    conf = work / "supervisord.conf"
+    conf.write_text(f"""[supervisord]
+nodaemon=true
+logfile={work}/supervisord.log
+pidfile={work}/supervisord.pid
+[unix_http_server]
+file={work}/supervisor.sock
+[rpcinterface:supervisor]
+supervisor.rpcinterface_factory = supervisor.rpcinterface:make_main_rpcinterface
+[supervisorctl]
+serverurl=unix://{work}/supervisor.sock
+[program:chatty]
+command=sh -c "{child_command(seconds)}"
+numprocs={children}
+process_name=%(program_name)s_%(process_num)02d
+stdout_logfile={work}/logs/%(program_name)s_%(process_num)02d.log
+stdout_logfile_maxbytes=0
+redirect_stderr=true
+autorestart=false
+startsecs=0
+""")
+    return run_tool("supervisord 4.3", [str(bin_dir / "supervisord"), "-c", str(conf)], work, seconds,
+                    lambda p: p.send_signal(signal.SIGTERM), lambda: sorted((work / "logs").glob("*.log")))
+
+
+def bench_honcho(bin_dir, work, children, seconds):
+    procfile = work / "Procfile"
+    procfile.write_text("".join(f'chatty{n:02d}: sh -c "{child_command(seconds)}"\n' for n in range(children)))
+    out = open(work / "honcho.out", "wb")
+    try:
+        return run_tool("honcho 2.0", [str(bin_dir / "honcho"), "-f", str(procfile), "start"], work, seconds,
+                        lambda p: p.send_signal(signal.SIGINT), lambda: [work / "honcho.out"], stdout=out)
+    finally:
+        out.close()
+
+
+def bench_startup(binary, work, replicas, rounds):
+    job = work / "many.toml"
+    job.write_text(f'[process.sleeper]\ncommand = ["sleep", "60"]\nreplicas = {replicas}\ndevice = "cpu"\n')
+    times = []
+    for attempt in range(rounds):
+        run_dir = work / f"start-{attempt}"
+        started = time.time()
+        process = subprocess.Popen([str(binary), "run", str(job), "--run-dir", str(run_dir), "--simulate",
+                                    "1x80GiB", "--quiet"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        events = run_dir / "events.jsonl"
+        last = None
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            starts = [line for line in events.read_text().splitlines() if '"kind":"start"' in line] \
+                if events.exists() else []
+            if len(starts) >= replicas:
+                last = starts[-1]
+                break
+            time.sleep(0.05)
+        subprocess.run([str(binary), "stop", str(run_dir)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        process.wait(timeout=60)
+        if last is None:
+            sys.exit(f"bench: {replicas} replicas did not all start within 60 s")
+        stamp = last.split('"t":"')[1].split('"')[0]
+        at = calendar.timegm(time.strptime(stamp[:19], "%Y-%m-%dT%H:%M:%S")) + float(stamp[19:23])
+        times.append(at - started)
+    return times
+
+
+def bytes_sentence(rows):
+    """How the tools compare in bytes written per second, averaged over the rounds."""
+    def mean(tool_prefix, key):
+        values = [row[key] for row in rows if row["tool"].startswith(tool_prefix)]
+        return sum(values) / len(values)
+    ours, theirs = mean("gpuvisor", "mb_per_s"), mean("supervisord", "mb_per_s")
+    lines_ours, lines_theirs = mean("gpuvisor", "rate"), mean("supervisord", "rate")
+    return (f"Averaged over the rounds: gpuvisor {lines_ours / 1e6:.1f} M lines/s ({ours:.0f} MB/s), "
+            f"supervisord {lines_theirs / 1e6:.1f} M lines/s ({theirs:.0f} MB/s): supervisord moves "
+            f"{(theirs / ours - 1) * 100:+.0f}% bytes per second against gpuvisor, which splits lines, "
+            "stamps each and keeps a tail for exit causes.")
+
+
+def section(args):
+    # Also called by scripts/bench.py, whose arguments have only --quick.
+    seconds = 3 if args.quick else getattr(args, "seconds", 10)
+    children = getattr(args, "children", 64)
+    rounds = 1 if args.quick else getattr(args, "rounds", 2)
+    binary = build()
+    load_before = os.getloadavg()[0]
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="gpuvisor-bench-") as tmp:
+        tmp = Path(tmp)
+        bin_dir = venv(tmp)
+        # Rounds interleave the tools, so a burst of load on this shared machine hits all three.
+        for round_number in range(1, rounds + 1):
+            for name, bench, tool in (("gpuvisor", bench_gpuvisor, binary),
+                                      ("supervisord", bench_supervisord, bin_dir),
+                                      ("honcho", bench_honcho, bin_dir)):
+                work = tmp / name
+                work.mkdir()
+                print(f"bench: round {round_number}, logs under {name} ...", file=sys.stderr)
+                row = bench(tool, work, children, seconds)
+                row["round"] = round_number
+                rows.append(row)
+                shutil.rmtree(work)
+        print("bench: start-up ...", file=sys.stderr)
+        startup = bench_startup(binary, tmp, 256, 3 if args.quick else 5)
+    lines = [
+        "## Supervisor", "",
+        f"Command: `python3 scripts/bench_supervisor.py` ({children} children, {seconds} s window; "
+        f"load average {load_before:.1f} when it started, on {os.cpu_count()} cores).", "",
+        f"**Log throughput.** {children} children each run `yes` with an {len(LINE)}-byte line for {seconds} s; "
+        "every line goes to a file (gpuvisor: one timestamped file per replica; supervisord: one file per "
+        "program; honcho: its prefixed stdout into one file). Lines per second of the window that reached "
+        "the files, and the CPU time of the tool's own processes over the run:", "",
+        "| round | tool | lines in files | lines/s | vs gpuvisor | MB/s written | tool CPU (s) | CPU µs per 1000 lines |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        ours = next(r["rate"] for r in rows if r["round"] == row["round"] and r["tool"] == "gpuvisor")
+        per_kline = row["cpu"] / max(row["lines"], 1) * 1e9
+        lines.append(f"| {row['round']} | {row['tool']} | {row['lines']:,} | {row['rate']:,.0f} | "
+                     f"{row['rate'] / ours:.2f}x | {row['mb_per_s']:,.0f} | {row['cpu']:.1f} | {per_kline:.0f} |")
+    lines += [
+        "",
+        "The children compete with the tool for the same cores, so a slower tool also means fewer lines "
+        "written: a full pipe blocks `yes`. Target: at least 1,000,000 lines/s for gpuvisor. gpuvisor "
+        "writes each line behind a 27-byte timestamp and stream tag (`2026-11-21T23:25:16.123Z O `), "
+        "so it writes about a third more bytes per line than supervisord, which copies the bytes as "
+        "they come; compare the MB/s column. honcho prefixes and prints line by line from Python.",
+        "",
+        bytes_sentence(rows),
+        "",
+        f"**Start-up.** `gpuvisor run` of 256 CPU-only replicas (`sleep 60`), from the command's start to "
+        f"the last replica's `start` event, {len(startup)} runs: "
+        + ", ".join(f"{value * 1e3:.0f} ms" for value in startup)
+        + f" (median {statistics.median(startup) * 1e3:.0f} ms; target under 1 s). Each replica is a keeper "
+        "(`gpuvisor __keeper`) plus its command: 512 processes.",
+    ]
+    return lines
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a 3 s window and 3 start-up runs")
+    parser.add_argument("--seconds", type=int, default=10)
+    parser.add_argument("--children", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=2, help="rounds of the three tools, interleaved")
+    parser.add_argument("--write", action="store_true", help="replace the section in docs/benchmarks.md")
+    args = parser.parse_args()
+    text = "\n".join(section(args))
+    print(text)
+    if args.write:
+        doc = DOC.read_text() if DOC.exists() else "# Benchmarks\n"
+        start = doc.find("## Supervisor")
+        if start >= 0:
+            end = doc.find("\n## ", start + 1)
+            doc = doc[:start] + text + ("\n" + doc[end:] if end >= 0 else "\n")
+        else:
+            doc = doc.rstrip() + "\n\n" + text + "\n"
+        DOC.write_text(doc)
+
+
+if __name__ == "__main__":
+    main()
