@@ -1,10 +1,10 @@
 //! `gpuvisor top`: one frame as text (`--once`) over a simulated machine and over a run
 //! record, and the real interactive screen under tmux, read back with capture-pane.
 
+mod tmux;
 mod util;
 
 use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use util::{gpuvisor, run};
@@ -112,109 +112,18 @@ fn without_a_terminal_the_live_view_points_to_once() {
     assert!(run.stderr.contains("--once"), "{}", run.stderr);
 }
 
-/// A private tmux server, killed when the test ends.
-struct Tmux {
-    socket: String,
-}
-
-impl Tmux {
-    fn new() -> Option<Self> {
-        let found = Command::new("tmux")
-            .arg("-V")
-            .output()
-            .is_ok_and(|o| o.status.success());
-        if !found {
-            // CI installs tmux and sets this, so there the test cannot silently skip.
-            assert!(
-                std::env::var_os("GPUVISOR_REQUIRE_TMUX").is_none(),
-                "tmux is missing but GPUVISOR_REQUIRE_TMUX is set"
-            );
-            eprintln!("tmux is not installed: skipping the interactive test");
-            return None;
-        }
-        Some(Tmux {
-            socket: format!("gpuvisor-top-test-{}", std::process::id()),
-        })
-    }
-
-    fn command(&self) -> Command {
-        let mut command = Command::new("tmux");
-        command.args(["-L", &self.socket, "-f", "/dev/null"]);
-        command
-    }
-
-    fn capture(&self) -> String {
-        let output = self
-            .command()
-            .args(["capture-pane", "-p", "-t", "top"])
-            .output()
-            .unwrap();
-        String::from_utf8_lossy(&output.stdout).into_owned()
-    }
-
-    fn keys(&self, keys: &[&str]) {
-        let status = self
-            .command()
-            .args(["send-keys", "-t", "top"])
-            .args(keys)
-            .status()
-            .unwrap();
-        assert!(status.success());
-    }
-
-    /// Waits until the screen holds `text` (10 s at most) and returns the screen.
-    fn wait_for(&self, text: &str) -> String {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let screen = self.capture();
-            if screen.contains(text) {
-                return screen;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "no `{text}` on the screen:\n{screen}"
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-}
-
-impl Drop for Tmux {
-    fn drop(&mut self) {
-        let _ = self.command().arg("kill-server").status();
-    }
-}
-
 #[test]
 fn the_live_view_under_tmux_draws_and_answers_keys() {
-    let Some(tmux) = Tmux::new() else { return };
+    let Some(tmux) = tmux::Tmux::new() else {
+        return;
+    };
     let dir = tempfile::tempdir().unwrap();
     finished_run(dir.path());
-    let binary = env!("CARGO_BIN_EXE_gpuvisor");
-    // The shell stays after top exits, to show top's exit status on the restored screen.
-    let script = format!(
-        "cd '{}' && '{binary}' top --interval 200 runs/demo-1; echo top-exited-$?; sleep 60",
-        dir.path().display()
-    );
-    let status = tmux
-        .command()
-        .args([
-            "new-session",
-            "-d",
-            "-s",
-            "top",
-            "-x",
-            "120",
-            "-y",
-            "40",
-            "sh",
-            "-c",
-            &script,
-        ])
-        .env("TERM", "xterm-256color")
-        .status()
-        .unwrap();
-    assert!(status.success());
+    tmux.start(&format!(
+        "cd '{}' && '{}' top --interval 200 runs/demo-1",
+        dir.path().display(),
+        env!("CARGO_BIN_EXE_gpuvisor")
+    ));
 
     let screen = tmux.wait_for("processes (3)");
     assert!(
