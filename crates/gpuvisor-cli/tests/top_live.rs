@@ -143,3 +143,72 @@ fn a_live_run_with_the_ledger_s_memory_and_a_restart_by_keys() {
     tmux.keys(&["q"]);
     tmux.wait_for("top-exited-0");
 }
+
+#[test]
+fn run_tui_shows_the_view_instead_of_output_and_q_stops_the_job() {
+    let Some(tmux) = tmux::Tmux::new() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("job.toml"),
+        r#"
+[job]
+name = "tui"
+
+[process.learner]
+command = ["sh", "-c", "while true; do echo learner learning; sleep 0.2; done"]
+memory = "24GiB"
+
+[process.actor]
+command = ["sh", "-c", "while true; do echo actor $GPUVISOR_REPLICA acting; sleep 0.2; done"]
+replicas = 2
+memory = "8GiB"
+"#,
+    )
+    .unwrap();
+    // Only gpuvisor's own variables from the test's environment are left out, as gpuvisor()
+    // does; the cache home keeps the embedded libraries out of the user's.
+    tmux.start(&format!(
+        "cd '{}' && XDG_CACHE_HOME='{}' '{}' run job.toml --simulate 1x80GiB --run-dir run --tui",
+        dir.path().display(),
+        driver::cache_home().display(),
+        env!("CARGO_BIN_EXE_gpuvisor")
+    ));
+    let screen = tmux.wait_for("learner learning");
+    assert!(screen.contains("gpuvisor top — "), "{screen}");
+    tmux.wait_for("(live)");
+    tmux.wait_for("processes (3)");
+    // The plain output (`learner | ...`) is not drawn over the view.
+    assert!(!tmux.capture().contains("learner | "), "{}", tmux.capture());
+    tmux.keys(&["q"]);
+    tmux.wait_for("Stop the whole job and quit?");
+    tmux.keys(&["y"]);
+    let screen = tmux.wait_for("top-exited-0");
+    assert!(
+        screen.contains("job ok"),
+        "the summary follows the view:\n{screen}"
+    );
+    assert!(screen.contains("stopped"), "{screen}");
+    assert!(!dir.path().join("run/control.sock").exists());
+}
+
+#[test]
+fn run_tui_without_a_terminal_starts_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("job.toml"),
+        "[process.a]\ncommand = [\"true\"]\nmemory = \"1GiB\"\n",
+    )
+    .unwrap();
+    let output = gpuvisor()
+        .current_dir(dir.path())
+        .args(["run", "job.toml", "--simulate", "1x80GiB", "--tui"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("--tui needs a terminal"), "{stderr}");
+    assert!(!dir.path().join("runs").exists(), "nothing started");
+}

@@ -33,7 +33,7 @@ pub fn run(args: TopArgs) -> Result<ExitCode, Failure> {
             let probe = if simulate.is_some() {
                 None
             } else {
-                Nvml::init().ok().map(nvml_probe)
+                nvml_probe_if_available()
             };
             Box::new(RunSource::new(run, probe))
         }
@@ -96,6 +96,11 @@ fn machine_probe(simulate: Option<&str>) -> Result<(GpuProbe, String), Failure> 
     load_inventory(None)?;
     let nvml = Nvml::init().map_err(|error| Failure::unavailable(format!("NVML: {error}")))?;
     Ok((nvml_probe(nvml), "NVML".to_string()))
+}
+
+/// The NVML probe when there is a driver (a run's view goes without otherwise).
+pub(crate) fn nvml_probe_if_available() -> Option<GpuProbe> {
+    Nvml::init().ok().map(nvml_probe)
 }
 
 fn nvml_probe(nvml: Nvml) -> GpuProbe {

@@ -109,10 +109,18 @@ fn a_live_run_reads_the_socket_and_sends_restarts() {
     assert!(model.log_tail[1].stderr);
     assert_eq!(model.events.last().unwrap().kind, "job-end");
 
-    // A second poll: CPU now has a figure and the util history grows.
+    // A second poll at once: too soon for a CPU figure; the util history grows.
     let model = source.poll(Some("learner"));
-    assert!(model.rows[0].cpu_percent.is_some());
+    assert_eq!(model.rows[0].cpu_percent, None);
     assert_eq!(model.gpus[0].util_history.len(), 2);
+    // Later, with CPU burnt in between: a figure, measured from the first poll.
+    let start = std::time::Instant::now();
+    while start.elapsed() < std::time::Duration::from_millis(150) {
+        std::hint::black_box((0..1000u64).sum::<u64>());
+    }
+    let model = source.poll(Some("learner"));
+    let cpu = model.rows[0].cpu_percent.expect("a CPU figure");
+    assert!(cpu > 0.0, "a busy loop in this process group: {cpu}%");
     assert_eq!(model.log_title, "logs/learner.log (none yet)");
 
     assert_eq!(
@@ -205,6 +213,7 @@ fn machine_wide_rows_come_and_go_with_events() {
     );
     assert_eq!(model.events.len(), 2);
     *tick.lock().unwrap() = 1;
+    std::thread::sleep(std::time::Duration::from_millis(120));
     let model = source.poll(None);
     assert_eq!(model.rows.len(), 1);
     assert!(model.rows[0].cpu_percent.is_some());
