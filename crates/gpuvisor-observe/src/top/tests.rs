@@ -358,5 +358,59 @@ fn under_run_tui_quitting_asks_because_it_stops_the_job() {
     assert_eq!(handle_key(&mut app, Key::CtrlC), Action::Quit);
 }
 
+#[test]
+fn any_screen_size_draws_without_panicking() {
+    let mut app = TopApp::new(s3_model(), true);
+    for overlay in [
+        Overlay::None,
+        Overlay::Help,
+        Overlay::Confirm(Action::Restart("actor".into())),
+    ] {
+        app.overlay = overlay;
+        for log_focus in [false, true] {
+            app.log_focus = log_focus;
+            app.log_scroll = 7;
+            for width in [1, 2, 5, 11, 20, 33, 60, 140] {
+                for height in [1, 2, 3, 5, 8, 13, 40] {
+                    let text = render_to_text(&app, width, height);
+                    assert_eq!(text.lines().count(), height as usize);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn colours_are_drawn_only_when_asked_for() {
+    use ratatui::style::Color;
+    let cell_colours = |color: bool| {
+        let app = TopApp::new(s3_model(), color);
+        let mut terminal =
+            ratatui::Terminal::new(ratatui::backend::TestBackend::new(110, 34)).unwrap();
+        terminal
+            .draw(|frame| super::render::render(frame, &app))
+            .unwrap();
+        let buffer = terminal.backend().buffer().clone();
+        // The bar's first cell (the learner's fill) and actor[0]'s first cell (cell 24 of
+        // 80 GiB in 108 cells: 32).
+        (buffer[(1, 2)].fg, buffer[(1 + 32, 2)].fg)
+    };
+    assert_eq!(cell_colours(true), (Color::Cyan, Color::Green));
+    assert_eq!(cell_colours(false), (Color::Reset, Color::Reset));
+}
+
+#[test]
+fn no_color_and_dumb_terminals_get_no_colours() {
+    use super::terminal::color_wanted;
+    assert!(color_wanted(None, Some("xterm-256color")));
+    assert!(!color_wanted(Some("1"), Some("xterm-256color")));
+    assert!(
+        color_wanted(Some(""), Some("xterm")),
+        "an empty NO_COLOR does not count"
+    );
+    assert!(!color_wanted(None, Some("dumb")));
+    assert!(!color_wanted(None, None));
+}
+
 mod record_tests;
 mod source_tests;
