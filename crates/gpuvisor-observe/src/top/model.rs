@@ -88,6 +88,9 @@ pub struct ProcessRow {
     pub restarts: u32,
     /// Seconds since its last log line.
     pub since_log_secs: Option<u64>,
+    /// The sampler's stall class while it is quiet too long (`waiting`, `gpu-bound`,
+    /// `compiling-or-cpu-bound`).
+    pub stall: Option<String>,
 }
 
 /// One event of the run, already worded for the screen.

@@ -145,6 +145,40 @@ pub fn rows_from_ps(replicas: &Value) -> Vec<ProcessRow> {
         .collect()
 }
 
+/// Adds the sampler's figures (`{"cmd":"sample"}`'s snapshot) to rows from `ps`: CPU and RSS
+/// of each replica's whole tree, GPU utilisation, GPU memory as the GPU source sees it where
+/// the ledger has none, time since its last output, and its stall class.
+pub fn merge_sample(rows: &mut [ProcessRow], snapshot: &Value) {
+    for replica in snapshot["replicas"].as_array().into_iter().flatten() {
+        let Some(label) = replica["label"].as_str() else {
+            continue;
+        };
+        let Some(row) = rows.iter_mut().find(|row| row.key == label) else {
+            continue;
+        };
+        // A replica that is not running has no tree: its zeros are not figures.
+        if !replica["pid"].is_null() {
+            row.rss_bytes = replica["rss_bytes"].as_u64().or(row.rss_bytes);
+            row.cpu_percent = replica["cpu_percent"]
+                .as_f64()
+                .map(|cpu| cpu as f32)
+                .or(row.cpu_percent);
+        }
+        row.gpu_util_percent = replica["gpu_utilization_percent"]
+            .as_u64()
+            .map(|percent| percent.min(100) as u8);
+        if row.gpu_used_bytes.is_none() {
+            row.gpu_used_bytes = replica["ledger_used_bytes"]
+                .as_u64()
+                .or_else(|| replica["gpu_bytes"].as_u64().filter(|&bytes| bytes > 0));
+        }
+        if let Some(quiet_ms) = replica["quiet_ms"].as_u64() {
+            row.since_log_secs = Some(quiet_ms / 1000);
+        }
+        row.stall = replica["stall"].as_str().map(str::to_string);
+    }
+}
+
 /// Rows of a run that is not running, folded from its event log over the plan's replicas:
 /// the last state each replica reached, its restarts and its last pid.
 pub fn rows_from_events(plan: &PlanInfo, events: &[Value]) -> Vec<ProcessRow> {

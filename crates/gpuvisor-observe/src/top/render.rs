@@ -344,7 +344,7 @@ fn render_table(frame: &mut Frame, area: Rect, app: &TopApp) {
         Constraint::Min(10),
         Constraint::Length(3),
         Constraint::Length(7),
-        Constraint::Length(15),
+        Constraint::Length(18),
         Constraint::Length(11),
         Constraint::Length(6),
         Constraint::Length(4),
@@ -397,11 +397,26 @@ fn table_row<'a>(app: &TopApp, row: &'a ProcessRow) -> Row<'a> {
         "backoff" | "stopping" | "starting" | "waiting" => Style::default().fg(Color::Yellow),
         _ => Style::default(),
     };
+    // A stall says more than `running`: it is why a quiet process is quiet.
+    let (state, state_style) = match &row.stall {
+        Some(stall) => (
+            // Short enough for the column: `stall: compile/cpu`.
+            format!(
+                "stall: {}",
+                match stall.as_str() {
+                    "compiling-or-cpu-bound" => "compile/cpu",
+                    other => other,
+                }
+            ),
+            Style::default().fg(Color::Magenta),
+        ),
+        None => (row.state.clone(), state_style),
+    };
     Row::new(vec![
         Cell::from(row.name.as_str()),
         Cell::from(row.replica.map_or_else(dash, |r| r.to_string())),
         Cell::from(row.pid.map_or_else(dash, |pid| pid.to_string())),
-        Cell::from(row.state.as_str()).style(style(app, state_style)),
+        Cell::from(state).style(style(app, state_style)),
         Cell::from(memory).style(if over {
             style(app, Style::default().fg(Color::Red))
         } else {

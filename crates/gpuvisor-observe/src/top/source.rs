@@ -17,8 +17,8 @@ use serde_json::{json, Value};
 use super::app::Action;
 use super::model::{GpuView, ProcessRow, Segment, TopModel, UTIL_HISTORY_LEN};
 use super::record::{
-    event_line, log_path, parse_events, parse_log_lines, parse_plan, read_tail, rows_from_events,
-    rows_from_ps, PlanInfo, TAIL_BYTES,
+    event_line, log_path, merge_sample, parse_events, parse_log_lines, parse_plan, read_tail,
+    rows_from_events, rows_from_ps, PlanInfo, TAIL_BYTES,
 };
 
 /// How many events the screen keeps.
@@ -222,10 +222,23 @@ impl TopSource for RunSource {
         let live = control_request(&self.socket(), &json!({"cmd": "ps"}))
             .ok()
             .filter(|reply| reply["ok"] == true);
+        // The sampler's snapshot, where the supervisor has one (older ones refuse the request).
+        let snapshot = live
+            .as_ref()
+            .and_then(|_| control_request(&self.socket(), &json!({"cmd": "sample"})).ok())
+            .filter(|reply| reply["ok"] == true)
+            .map(|mut reply| reply["sample"].take())
+            .filter(|sample| sample["replicas"].as_array().is_some_and(|r| !r.is_empty()));
         model.rows = match &live {
             Some(reply) => {
-                model.source_note = "live".to_string();
-                rows_from_ps(&reply["replicas"])
+                let mut rows = rows_from_ps(&reply["replicas"]);
+                if let Some(snapshot) = &snapshot {
+                    merge_sample(&mut rows, snapshot);
+                    model.source_note = "live, sampled".to_string();
+                } else {
+                    model.source_note = "live".to_string();
+                }
+                rows
             }
             None => {
                 model.source_note = "not running: from its record".to_string();
@@ -244,7 +257,9 @@ impl TopSource for RunSource {
                 .filter_map(|r| Some((r["label"].as_str()?.to_string(), r["group"].as_u64()?)))
                 .collect::<HashMap<String, u64>>()
         });
-        if let Some(groups) = groups.filter(|groups| !groups.is_empty()) {
+        // Without the sampler's figures, CPU and RSS come from /proc here.
+        let groups = groups.filter(|groups| !groups.is_empty() && snapshot.is_none());
+        if let Some(groups) = groups {
             let mut totals: HashMap<u32, (u64, u64)> = HashMap::new();
             for stat in ProcStats::scan() {
                 let total = totals.entry(stat.pgrp).or_default();
@@ -263,7 +278,12 @@ impl TopSource for RunSource {
             }
         }
 
-        for row in &mut model.rows {
+        // The sampler knows when the tree last printed; without it, the log file's time.
+        for row in model
+            .rows
+            .iter_mut()
+            .filter(|row| row.since_log_secs.is_none())
+        {
             if let Some(planned) = plan.replicas.iter().find(|p| p.label == row.key) {
                 let path = self.run.join(log_path(
                     &planned.process,
@@ -275,13 +295,19 @@ impl TopSource for RunSource {
             }
         }
 
-        let samples = match self.probe.as_mut().map(|probe| probe()) {
-            Some(Ok(samples)) => samples,
-            Some(Err(why)) => {
-                model.warning.get_or_insert(why);
-                Vec::new()
-            }
-            None => Vec::new(),
+        // The supervisor samples the GPUs itself (NVML or the simulator); ask the probe only
+        // when it does not.
+        let from_snapshot = snapshot.as_ref().map(gpu_samples_of_snapshot);
+        let samples = match from_snapshot {
+            Some(samples) if !samples.is_empty() => samples,
+            _ => match self.probe.as_mut().map(|probe| probe()) {
+                Some(Ok(samples)) => samples,
+                Some(Err(why)) => {
+                    model.warning.get_or_insert(why);
+                    Vec::new()
+                }
+                None => Vec::new(),
+            },
         };
         for gpu in &plan.gpus {
             let sample = samples.iter().find(|s| s.index == gpu.index);
@@ -364,6 +390,27 @@ impl TopSource for RunSource {
             Err(error.lines().next().unwrap_or(error).to_string())
         }
     }
+}
+
+/// The GPUs of a sampler snapshot (`{"cmd":"sample"}`), as probe samples.
+pub fn gpu_samples_of_snapshot(snapshot: &Value) -> Vec<GpuSample> {
+    snapshot["gpus"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|gpu| {
+            Some(GpuSample {
+                index: gpu["index"].as_u64()? as u32,
+                name: gpu["name"].as_str().unwrap_or_default().to_string(),
+                total_bytes: gpu["total_bytes"].as_u64().unwrap_or(0),
+                used_bytes: gpu["used_bytes"].as_u64(),
+                util_percent: gpu["utilization_percent"]
+                    .as_u64()
+                    .map(|percent| percent.min(100) as u8),
+                processes: Vec::new(),
+            })
+        })
+        .collect()
 }
 
 /// Every process holding GPU memory on this machine, refreshed from the probe each poll.

@@ -41,6 +41,10 @@ fn s3_model() -> TopModel {
     rows[2].restarts = 2;
     rows[2].pid = None;
     rows[2].cpu_percent = None;
+    rows[0].gpu_util_percent = Some(55);
+    rows[3].gpu_util_percent = Some(32);
+    rows[3].stall = Some("gpu-bound".to_string());
+    rows[3].since_log_secs = Some(900);
     let segment = |label: &str, used: u64, budget: u64| Segment {
         label: label.to_string(),
         used_bytes: used,
@@ -131,6 +135,11 @@ fn main_screen_shows_bars_budgets_table_events_and_log() {
     );
     assert!(text.contains("actor[1] exit code 1 (cuda-oom)"), "{text}");
     assert!(text.contains("step 1200 loss 0.31"), "{text}");
+    let sim = text.lines().find(|line| line.contains("  sim ")).unwrap();
+    assert!(
+        sim.contains("stall: gpu-bound") && sim.contains("15m"),
+        "{sim}"
+    );
 }
 
 #[test]

@@ -26,7 +26,9 @@ fn run_dir() -> tempfile::TempDir {
 
 /// Answers `ps` with two replicas (one in this process's own process group, so CPU and RSS
 /// have something to read) and records every other request.
-fn fake_supervisor(socket: &std::path::Path) -> Arc<Mutex<Vec<Value>>> {
+/// With `sample`, `{"cmd":"sample"}` gets it as the sampler's snapshot; without, the request
+/// is refused as a supervisor without the sampler refuses it.
+fn fake_supervisor(socket: &std::path::Path, sample: Option<Value>) -> Arc<Mutex<Vec<Value>>> {
     let listener = UnixListener::bind(socket).unwrap();
     let requests = Arc::new(Mutex::new(Vec::new()));
     let seen = Arc::clone(&requests);
@@ -48,6 +50,13 @@ fn fake_supervisor(socket: &std::path::Path) -> Arc<Mutex<Vec<Value>>> {
                          "pid": 104, "restarts": 1, "gpu_used_bytes": 3u64 << 30,
                          "budget_bytes": 8u64 << 30}
                     ]})
+                } else if request["cmd"] == "sample" {
+                    match &sample {
+                        Some(sample) => json!({"ok": true, "sample": sample}),
+                        None => {
+                            json!({"ok": false, "error": "bad request: unknown variant `sample`"})
+                        }
+                    }
                 } else if request["process"] == "nope" {
                     json!({"ok": false, "error": "no process `nope` in job isaac-rl\n  hint: processes are: learner, actor"})
                 } else {
@@ -66,7 +75,7 @@ fn fake_supervisor(socket: &std::path::Path) -> Arc<Mutex<Vec<Value>>> {
 #[test]
 fn a_live_run_reads_the_socket_and_sends_restarts() {
     let dir = run_dir();
-    let requests = fake_supervisor(&dir.path().join("control.sock"));
+    let requests = fake_supervisor(&dir.path().join("control.sock"), None);
     let probe = Box::new(|| {
         Ok(vec![GpuSample {
             index: 0,
@@ -142,6 +151,59 @@ fn a_live_run_reads_the_socket_and_sends_restarts() {
             json!({"cmd": "stop", "process": "learner"})
         ]
     );
+}
+
+#[test]
+fn a_sampled_run_takes_the_sampler_s_figures() {
+    let dir = run_dir();
+    let sample = json!({
+        "time_unix_ms": 1, "interval_ms": 500, "job": "isaac-rl", "gpu_source": "simulator",
+        "gpus": [{"index": 0, "uuid": "GPU-0", "name": "Simulated GPU 80.0 GiB",
+                  "total_bytes": 80u64 << 30, "used_bytes": 31u64 << 30,
+                  "utilization_percent": 77, "headroom_alarm": false}],
+        "replicas": [
+            {"process": "learner", "replica": 0, "label": "learner", "state": "running",
+             "pid": 101, "process_count": 3, "rss_bytes": 2u64 << 30, "cpu_percent": 150.5,
+             "gpu_bytes": 21u64 << 30, "gpu_utilization_percent": 60,
+             "ledger_used_bytes": 20u64 << 30, "budget_bytes": 24u64 << 30, "denials": 0,
+             "quiet_ms": 720_000, "stall": "waiting"},
+            {"process": "actor", "replica": 1, "label": "actor[1]", "state": "backoff",
+             "pid": null, "process_count": 0, "rss_bytes": 0, "cpu_percent": 0.0,
+             "gpu_bytes": 0, "gpu_utilization_percent": null, "ledger_used_bytes": null,
+             "budget_bytes": 8u64 << 30, "denials": 2, "quiet_ms": 3000, "stall": null}
+        ],
+        "processes": [], "foreign_gpu_processes": [],
+        "counters": {"denials": 2, "violations": 0, "restarts": 1, "stalls": 1, "policy_actions": 0}
+    });
+    fake_supervisor(&dir.path().join("control.sock"), Some(sample));
+    // The probe is not asked: the snapshot has the GPUs.
+    let probe = Box::new(|| -> Result<Vec<GpuSample>, String> { panic!("probe asked") });
+    let mut source = RunSource::new(dir.path().to_path_buf(), Some(probe));
+    let model = source.poll(None);
+    assert_eq!(model.source_note, "live, sampled");
+    let learner = &model.rows[0];
+    assert_eq!(learner.rss_bytes, Some(2 << 30));
+    assert_eq!(learner.cpu_percent, Some(150.5));
+    assert_eq!(learner.gpu_util_percent, Some(60));
+    assert_eq!(
+        learner.gpu_used_bytes,
+        Some(20 << 30),
+        "the ledger's figure from ps stays"
+    );
+    assert_eq!(learner.since_log_secs, Some(720));
+    assert_eq!(learner.stall.as_deref(), Some("waiting"));
+    let actor = &model.rows[1];
+    assert_eq!(
+        actor.rss_bytes, None,
+        "not running: its zeros are not figures"
+    );
+    assert_eq!(actor.cpu_percent, None);
+    assert_eq!(actor.since_log_secs, Some(3));
+    assert_eq!(model.gpus[0].used_bytes, Some(31 << 30));
+    assert_eq!(model.gpus[0].util_history.back(), Some(&77));
+    let text = crate::top::render_to_text(&crate::top::TopApp::new(model, false), 120, 30);
+    assert!(text.contains("stall: waiting"), "{text}");
+    assert!(text.contains("12m"), "quiet for 720 s:\n{text}");
 }
 
 #[test]
