@@ -394,6 +394,25 @@ fn readiness_flags_are_checked() {
 }
 
 #[test]
+fn the_job_files_ready_key_orders_the_start() {
+    // setup must exit 0, then server must print its line, before client starts: client finds
+    // both marks or fails.
+    let (dir, path) = job(concat!(
+        "[process.setup]\ncommand = [\"sh\", \"-c\", \"sleep 0.3; touch setup-done\"]\n",
+        "device = \"cpu\"\nready = \"exit\"\n",
+        "[process.server]\ncommand = [\"sh\", \"-c\", \"sleep 0.3; touch serving; echo serving on 7; sleep 1\"]\n",
+        "device = \"cpu\"\nready = \"log:^serving on \\\\d+$\"\nafter = [\"setup\"]\n",
+        "[process.client]\ncommand = [\"sh\", \"-c\", \"test -f setup-done && test -f serving && touch client-ok\"]\n",
+        "device = \"cpu\"\nafter = [\"server\"]\n",
+    ));
+    let run = finish(start_run(dir.path(), &path, &[]));
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    assert!(dir.path().join("client-ok").exists(), "{}", run.stderr);
+    let events = events(dir.path());
+    assert_eq!(count(&events, "ready", "server"), 1, "{events:?}");
+}
+
+#[test]
 fn replicas_feel_sigint_even_when_gpuvisor_was_started_ignoring_it() {
     // A shell starting gpuvisor in the background ignores SIGINT for it; the replicas must
     // not inherit that, or a graceful stop always ends in SIGKILL.
