@@ -5,13 +5,17 @@
 //! - [`app`]: the UI state around it and [`handle_key`], a pure key → [`Action`] step;
 //! - [`render()`]: a pure function drawing a frame from the app (tests draw into ratatui's
 //!   `TestBackend`; `--once` prints the same text);
-//! - [`source`]: where models come from ([`TopSource`]: a run directory through its control
-//!   socket or record, or the machine's GPUs through a probe);
+//! - [`source`]: where models come from ([`TopSource`]; [`RunSource`]: a run directory
+//!   through its control socket or record), [`machine`] the machine-wide source, [`procfs`]
+//!   CPU and RSS from /proc;
 //! - [`record`]: reading a run directory's plan, events and logs for the screen;
 //! - [`terminal`]: the interactive loop on a real terminal (crossterm).
 
 pub mod app;
+mod bar;
+pub mod machine;
 pub mod model;
+pub mod procfs;
 pub mod record;
 pub mod render;
 pub mod source;
@@ -21,6 +25,7 @@ pub mod terminal;
 mod tests;
 
 pub use app::{handle_key, Action, Key, Overlay, SortKey, TopApp};
+pub use machine::MachineSource;
 pub use model::{EventLine, GpuView, LogLine, ProcessRow, Segment, TopModel};
 pub use render::{render, render_to_text};
-pub use source::{GpuProbe, GpuSample, MachineSource, RunSource, TopSource};
+pub use source::{GpuProbe, GpuSample, RunSource, TopSource};

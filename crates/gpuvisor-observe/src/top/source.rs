@@ -9,20 +9,21 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
 
 use gpuvisor_core::inventory::GpuProcess;
 use serde_json::{json, Value};
 
 use super::app::Action;
-use super::model::{GpuView, ProcessRow, Segment, TopModel, UTIL_HISTORY_LEN};
+use super::model::{GpuView, Segment, TopModel, UTIL_HISTORY_LEN};
+use super::procfs::ProcStats;
 use super::record::{
     event_line, log_path, merge_sample, parse_events, parse_log_lines, parse_plan, read_tail,
     rows_from_events, rows_from_ps, PlanInfo, TAIL_BYTES,
 };
 
 /// How many events the screen keeps.
-const EVENTS_KEPT: usize = 200;
+pub(super) const EVENTS_KEPT: usize = 200;
 /// How many log lines a tail keeps.
 const LOG_LINES_KEPT: usize = 500;
 
@@ -69,82 +70,7 @@ pub fn control_request(socket: &Path, request: &Value) -> std::io::Result<Value>
     serde_json::from_str(&reply).map_err(std::io::Error::other)
 }
 
-/// CPU and resident memory per process group or pid, from /proc, with CPU as the change of
-/// CPU time between two polls.
-#[derive(Debug, Default)]
-pub struct ProcStats {
-    last: HashMap<u32, (u64, Instant)>,
-}
-
-/// One process's figures from /proc/PID/stat.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ProcStat {
-    /// The process.
-    pub pid: u32,
-    /// Its process group.
-    pub pgrp: u32,
-    /// User + system CPU time, clock ticks.
-    pub cpu_ticks: u64,
-    /// Resident pages.
-    pub rss_pages: u64,
-}
-
-/// Parses /proc/PID/stat (the command name may hold spaces and parentheses: fields are
-/// counted after the last `)`).
-pub fn parse_proc_stat(pid: u32, text: &str) -> Option<ProcStat> {
-    let after = &text[text.rfind(')')? + 1..];
-    let fields: Vec<&str> = after.split_whitespace().collect();
-    // After the name: state(3) ppid(4) pgrp(5) ... utime(14) stime(15) ... rss(24).
-    let field = |n: usize| fields.get(n - 3).and_then(|f| f.parse::<u64>().ok());
-    Some(ProcStat {
-        pid,
-        pgrp: field(5)? as u32,
-        cpu_ticks: field(14)? + field(15)?,
-        rss_pages: field(24)?,
-    })
-}
-
-impl ProcStats {
-    /// Every process of the machine (those that vanish while read are skipped).
-    pub fn scan() -> Vec<ProcStat> {
-        let Ok(entries) = std::fs::read_dir("/proc") else {
-            return Vec::new();
-        };
-        entries
-            .flatten()
-            .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
-            .filter_map(|pid| {
-                let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-                parse_proc_stat(pid, &text)
-            })
-            .collect()
-    }
-
-    /// CPU percent of one core and resident bytes for `key` (a pid or a process group)
-    /// whose processes now use `cpu_ticks` and `rss_pages` in total. CPU needs two polls.
-    pub fn figures(&mut self, key: u32, cpu_ticks: u64, rss_pages: u64) -> (Option<f32>, u64) {
-        let now = Instant::now();
-        let rss_bytes = rss_pages * rustix::param::page_size() as u64;
-        let previous = self.last.get(&key).copied();
-        let cpu = previous.and_then(|(ticks, then)| {
-            let seconds = now.duration_since(then).as_secs_f32();
-            // A group that lost processes can go down in total: no figure then. Under 0.1 s
-            // (two polls in a row, as --once does) 10 ms clock ticks say nothing.
-            (seconds >= 0.1 && cpu_ticks >= ticks).then(|| {
-                let hz = rustix::param::clock_ticks_per_second() as f32;
-                (cpu_ticks - ticks) as f32 / hz / seconds * 100.0
-            })
-        });
-        // The baseline moves only when a figure was taken (or the total went down), so polls
-        // in quick succession measure from the last real one.
-        if cpu.is_some() || previous.is_none_or(|(ticks, _)| cpu_ticks < ticks) {
-            self.last.insert(key, (cpu_ticks, now));
-        }
-        (cpu, rss_bytes)
-    }
-}
-
-fn push_util(history: &mut VecDeque<u8>, sample: Option<u8>) {
+pub(super) fn push_util(history: &mut VecDeque<u8>, sample: Option<u8>) {
     if let Some(percent) = sample {
         if history.len() == UTIL_HISTORY_LEN {
             history.pop_front();
@@ -411,142 +337,4 @@ pub fn gpu_samples_of_snapshot(snapshot: &Value) -> Vec<GpuSample> {
             })
         })
         .collect()
-}
-
-/// Every process holding GPU memory on this machine, refreshed from the probe each poll.
-pub struct MachineSource {
-    probe: GpuProbe,
-    note: String,
-    procs: ProcStats,
-    util: BTreeMap<u32, VecDeque<u8>>,
-    seen: BTreeMap<u32, String>,
-    events: Vec<super::model::EventLine>,
-}
-
-impl MachineSource {
-    /// A source over `probe`; `note` says where its figures come from (`NVML`,
-    /// `simulated: 2x80GiB`).
-    pub fn new(probe: GpuProbe, note: String) -> Self {
-        Self {
-            probe,
-            note,
-            procs: ProcStats::default(),
-            util: BTreeMap::new(),
-            seen: BTreeMap::new(),
-            events: Vec::new(),
-        }
-    }
-}
-
-impl TopSource for MachineSource {
-    fn poll(&mut self, _selected: Option<&str>) -> TopModel {
-        let mut model = TopModel {
-            title: "all GPU processes on this machine".to_string(),
-            source_note: self.note.clone(),
-            log_title: "none: processes not started by gpuvisor run have no log here".to_string(),
-            ..TopModel::default()
-        };
-        let samples = match (self.probe)() {
-            Ok(samples) => samples,
-            Err(why) => {
-                model.warning = Some(why);
-                Vec::new()
-            }
-        };
-        let mut rows: BTreeMap<u32, ProcessRow> = BTreeMap::new();
-        for sample in &samples {
-            let history = self.util.entry(sample.index).or_default();
-            push_util(history, sample.util_percent);
-            let mut processes = sample.processes.clone();
-            processes.sort_by_key(|p| p.pid);
-            model.gpus.push(GpuView {
-                index: sample.index,
-                name: sample.name.clone(),
-                total_bytes: sample.total_bytes,
-                used_bytes: sample.used_bytes,
-                segments: processes
-                    .iter()
-                    .map(|p| Segment {
-                        label: format!("{} ({})", p.name.as_deref().unwrap_or("?"), p.pid),
-                        used_bytes: p.used_bytes.unwrap_or(0),
-                        budget_bytes: None,
-                    })
-                    .collect(),
-                util_history: history.clone(),
-            });
-            for process in processes {
-                let row = rows.entry(process.pid).or_insert_with(|| ProcessRow {
-                    key: process.pid.to_string(),
-                    name: process.name.clone().unwrap_or_else(|| "?".to_string()),
-                    pid: Some(process.pid),
-                    state: "on GPU".to_string(),
-                    ..ProcessRow::default()
-                });
-                row.state.push_str(&format!(" {}", sample.index));
-                if let Some(bytes) = process.used_bytes {
-                    *row.gpu_used_bytes.get_or_insert(0) += bytes;
-                }
-            }
-        }
-        for row in rows.values_mut() {
-            let pid = row.pid.unwrap_or(0);
-            // Only the GPU processes are read, not all of /proc.
-            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-                .ok()
-                .and_then(|text| parse_proc_stat(pid, &text));
-            if let Some(stat) = stat {
-                let (cpu, rss) = self.procs.figures(pid, stat.cpu_ticks, stat.rss_pages);
-                row.cpu_percent = cpu;
-                row.rss_bytes = Some(rss);
-            }
-        }
-        // Arrivals and departures are the events of a machine-wide view.
-        let clock = utc_clock(SystemTime::now());
-        for row in rows.values() {
-            let pid = row.pid.unwrap_or(0);
-            if !self.seen.contains_key(&pid) {
-                self.events.push(super::model::EventLine {
-                    time: clock.clone(),
-                    kind: "start".to_string(),
-                    text: format!("{} pid {pid} holds GPU memory", row.name),
-                });
-            }
-        }
-        let gone: Vec<(u32, String)> = self
-            .seen
-            .iter()
-            .filter(|(pid, _)| !rows.contains_key(pid))
-            .map(|(pid, name)| (*pid, name.clone()))
-            .collect();
-        for (pid, name) in gone {
-            self.events.push(super::model::EventLine {
-                time: clock.clone(),
-                kind: "exit".to_string(),
-                text: format!("{name} pid {pid} released the GPU"),
-            });
-        }
-        self.seen = rows
-            .iter()
-            .map(|(pid, row)| (*pid, row.name.clone()))
-            .collect();
-        let excess = self.events.len().saturating_sub(EVENTS_KEPT);
-        self.events.drain(..excess);
-        model.events = self.events.clone();
-        model.rows = rows.into_values().collect();
-        model
-    }
-
-    fn act(&mut self, _action: &Action) -> Result<String, String> {
-        Err("no run: restart and stop need `gpuvisor top RUN`".to_string())
-    }
-}
-
-/// `HH:MM:SS` UTC of a time.
-fn utc_clock(time: SystemTime) -> String {
-    let secs = time
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_secs();
-    let day = secs % 86_400;
-    format!("{:02}:{:02}:{:02}", day / 3600, day / 60 % 60, day % 60)
 }

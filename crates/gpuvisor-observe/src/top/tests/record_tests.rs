@@ -2,11 +2,11 @@
 
 use serde_json::json;
 
+use crate::top::procfs::parse_proc_stat;
 use crate::top::record::{
     event_line, parse_events, parse_log_lines, parse_plan, read_tail, rows_from_events,
     rows_from_ps,
 };
-use crate::top::source::parse_proc_stat;
 
 pub(super) const PLAN: &str = r#"{
   "job": "isaac-rl",

@@ -9,7 +9,9 @@ use serde_json::{json, Value};
 
 use super::record_tests::{EVENTS, PLAN};
 use crate::top::app::Action;
-use crate::top::source::{parse_proc_stat, GpuSample, MachineSource, RunSource, TopSource};
+use crate::top::procfs::parse_proc_stat;
+use crate::top::source::{GpuSample, RunSource, TopSource};
+use crate::top::MachineSource;
 
 fn run_dir() -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
