@@ -40,19 +40,35 @@ pub fn parse_proc_stat(pid: u32, text: &str) -> Option<ProcStat> {
 }
 
 impl ProcStats {
-    /// Every process of the machine (those that vanish while read are skipped).
-    pub fn scan() -> Vec<ProcStat> {
-        let Ok(entries) = std::fs::read_dir("/proc") else {
-            return Vec::new();
-        };
-        entries
-            .flatten()
-            .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
-            .filter_map(|pid| {
-                let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-                parse_proc_stat(pid, &text)
-            })
-            .collect()
+    /// `root` and every process below it, found through the kernel's children lists
+    /// (`/proc/PID/task/TID/children`), so only the tree's own files are read, not all of
+    /// /proc. Processes that vanish while read are skipped.
+    pub fn tree(root: u32) -> Vec<ProcStat> {
+        let mut found = Vec::new();
+        let mut pending = vec![root];
+        // A bound against a pid reused into a loop while we walk.
+        while let Some(pid) = pending.pop().filter(|_| found.len() < 100_000) {
+            let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+                continue;
+            };
+            let Some(stat) = parse_proc_stat(pid, &text) else {
+                continue;
+            };
+            found.push(stat);
+            let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+                continue;
+            };
+            for task in tasks.flatten() {
+                let children = std::fs::read_to_string(task.path().join("children"));
+                pending.extend(
+                    children
+                        .iter()
+                        .flat_map(|text| text.split_whitespace())
+                        .filter_map(|child| child.parse::<u32>().ok()),
+                );
+            }
+        }
+        found
     }
 
     /// CPU percent of one core and resident bytes for `key` (a pid or a process group)

@@ -97,7 +97,11 @@ pub struct RunSource {
     plan: Option<PlanInfo>,
     procs: ProcStats,
     util: BTreeMap<u32, VecDeque<u8>>,
+    events_cache: (Option<FileStamp>, Vec<Value>),
 }
+
+/// A file's length and modification time: when both are unchanged, so is its tail.
+type FileStamp = (u64, Option<SystemTime>);
 
 impl RunSource {
     /// A source over `run`; `probe` adds per-GPU usage and utilisation when given.
@@ -108,7 +112,21 @@ impl RunSource {
             plan: None,
             procs: ProcStats::default(),
             util: BTreeMap::new(),
+            events_cache: (None, Vec::new()),
         }
+    }
+
+    /// The tail of the event log, parsed again only when the file has grown or changed.
+    fn events(&mut self) -> Vec<Value> {
+        let path = self.run.join("events.jsonl");
+        let stamp = std::fs::metadata(&path)
+            .ok()
+            .map(|meta| (meta.len(), meta.modified().ok()));
+        if stamp.is_none() || stamp != self.events_cache.0 {
+            let text = read_tail(&path, TAIL_BYTES * 4).unwrap_or_default();
+            self.events_cache = (stamp, parse_events(&text));
+        }
+        self.events_cache.1.clone()
     }
 
     fn socket(&self) -> PathBuf {
@@ -142,9 +160,7 @@ impl TopSource for RunSource {
                 PlanInfo::default()
             }
         };
-        let events_text =
-            read_tail(&self.run.join("events.jsonl"), TAIL_BYTES * 4).unwrap_or_default();
-        let events = parse_events(&events_text);
+        let events = self.events();
         let live = control_request(&self.socket(), &json!({"cmd": "ps"}))
             .ok()
             .filter(|reply| reply["ok"] == true);
@@ -186,21 +202,20 @@ impl TopSource for RunSource {
         // Without the sampler's figures, CPU and RSS come from /proc here.
         let groups = groups.filter(|groups| !groups.is_empty() && snapshot.is_none());
         if let Some(groups) = groups {
-            let mut totals: HashMap<u32, (u64, u64)> = HashMap::new();
-            for stat in ProcStats::scan() {
-                let total = totals.entry(stat.pgrp).or_default();
-                total.0 += stat.cpu_ticks;
-                total.1 += stat.rss_pages;
-            }
             for row in &mut model.rows {
                 let Some(&group) = groups.get(&row.key) else {
                     continue;
                 };
-                if let Some(&(ticks, pages)) = totals.get(&(group as u32)) {
-                    let (cpu, rss) = self.procs.figures(group as u32, ticks, pages);
-                    row.cpu_percent = cpu;
-                    row.rss_bytes = Some(rss);
+                // The keeper (the group's leader) and everything below it.
+                let tree = ProcStats::tree(group as u32);
+                if tree.is_empty() {
+                    continue;
                 }
+                let ticks = tree.iter().map(|stat| stat.cpu_ticks).sum();
+                let pages = tree.iter().map(|stat| stat.rss_pages).sum();
+                let (cpu, rss) = self.procs.figures(group as u32, ticks, pages);
+                row.cpu_percent = cpu;
+                row.rss_bytes = Some(rss);
             }
         }
 

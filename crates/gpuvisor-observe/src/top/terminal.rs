@@ -111,6 +111,8 @@ pub fn run_interactive(source: &mut dyn TopSource, options: &LoopOptions) -> io:
     let mut app = TopApp::new(source.poll(None), color);
     app.quit_stops_job = options.quit_stops_job;
     let mut next_poll = Instant::now();
+    // Drawn only after a poll, a key or a resize: an idle view costs nothing between ticks.
+    let mut dirty = true;
     loop {
         if finished() {
             return Ok(LoopEnd::Finished);
@@ -119,8 +121,11 @@ pub fn run_interactive(source: &mut dyn TopSource, options: &LoopOptions) -> io:
             let model = source.poll(app.selected.as_deref());
             app.set_model(model);
             next_poll = Instant::now() + interval;
+            dirty = true;
         }
-        terminal.draw(|frame| render(frame, &app))?;
+        if std::mem::take(&mut dirty) {
+            terminal.draw(|frame| render(frame, &app))?;
+        }
         // Wake at least every 100 ms to notice `finished`.
         let wait = next_poll
             .saturating_duration_since(Instant::now())
@@ -128,8 +133,9 @@ pub fn run_interactive(source: &mut dyn TopSource, options: &LoopOptions) -> io:
         if !event::poll(wait)? {
             continue;
         }
+        dirty = true;
         let Event::Key(key_event) = event::read()? else {
-            // A resize redraws at the top of the loop.
+            // A resize: redrawn at the top of the loop.
             continue;
         };
         if key_event.kind == KeyEventKind::Release {

@@ -164,3 +164,21 @@ fn proc_stat_fields_count_from_the_end_of_the_name() {
     let stat = parse_proc_stat(std::process::id(), &own).unwrap();
     assert!(stat.rss_pages > 0);
 }
+
+#[test]
+fn a_process_tree_is_walked_through_children_lists() {
+    use crate::top::procfs::ProcStats;
+    let mut child = std::process::Command::new("sleep")
+        .arg("30")
+        .spawn()
+        .unwrap();
+    let tree = ProcStats::tree(std::process::id());
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_eq!(tree[0].pid, std::process::id(), "the root comes first");
+    assert!(
+        tree.iter().any(|stat| stat.pid == child.id()),
+        "the child is in the tree: {tree:?}"
+    );
+    assert!(ProcStats::tree(u32::MAX).is_empty(), "no such process");
+}

@@ -9,7 +9,6 @@ use serde_json::{json, Value};
 
 use super::record_tests::{EVENTS, PLAN};
 use crate::top::app::Action;
-use crate::top::procfs::parse_proc_stat;
 use crate::top::source::{GpuSample, RunSource, TopSource};
 use crate::top::MachineSource;
 
@@ -34,8 +33,8 @@ fn fake_supervisor(socket: &std::path::Path, sample: Option<Value>) -> Arc<Mutex
     let listener = UnixListener::bind(socket).unwrap();
     let requests = Arc::new(Mutex::new(Vec::new()));
     let seen = Arc::clone(&requests);
-    let own_stat = std::fs::read_to_string("/proc/self/stat").unwrap();
-    let own_group = parse_proc_stat(std::process::id(), &own_stat).unwrap().pgrp;
+    // The "keeper" of the first replica is this test process: its tree has it.
+    let own_group = std::process::id();
     std::thread::spawn(move || {
         for stream in listener.incoming() {
             let Ok(stream) = stream else { return };
@@ -92,7 +91,7 @@ fn a_live_run_reads_the_socket_and_sends_restarts() {
     assert!(model.warning.is_none(), "{:?}", model.warning);
     let keys: Vec<&str> = model.rows.iter().map(|r| r.key.as_str()).collect();
     assert_eq!(keys, ["learner", "actor[1]"]);
-    // RSS of the replica in our own process group: this test process at least.
+    // RSS of the replica's tree: this test process at least.
     assert!(model.rows[0].rss_bytes.unwrap() > 1 << 20);
     assert_eq!(model.rows[1].rss_bytes, None, "no group, no figure");
     assert!(model.rows[1].since_log_secs.unwrap() < 60);
@@ -131,7 +130,7 @@ fn a_live_run_reads_the_socket_and_sends_restarts() {
     }
     let model = source.poll(Some("learner"));
     let cpu = model.rows[0].cpu_percent.expect("a CPU figure");
-    assert!(cpu > 0.0, "a busy loop in this process group: {cpu}%");
+    assert!(cpu > 0.0, "a busy loop in this tree: {cpu}%");
     assert_eq!(model.log_title, "logs/learner.log (none yet)");
 
     assert_eq!(
