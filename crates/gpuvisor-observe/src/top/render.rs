@@ -279,8 +279,9 @@ fn table_row<'a>(app: &TopApp, row: &'a ProcessRow) -> Row<'a> {
             used.map_or("?".to_string(), short_bytes),
             short_bytes(budget)
         ),
+        // A CPU-only replica (no budget) holding nothing: no GPU figure at all.
+        (Some(0), Some(0)) | (None, _) => dash(),
         (Some(used), _) => short_bytes(used),
-        (None, _) => dash(),
     };
     let over =
         matches!((row.gpu_used_bytes, row.budget_bytes), (Some(u), Some(b)) if b > 0 && u > b);
@@ -443,7 +444,7 @@ const HELP: &[(&str, &str)] = &[
     ("⏎", "log tail focus on / off (Esc leaves it)"),
     ("r", "restart the selected process (asks first)"),
     ("k", "stop the selected process (asks first)"),
-    ("?", "this help (any key closes it)"),
+    ("? h", "this help (any key closes it)"),
     ("q  Ctrl-C", "quit (the run goes on)"),
 ];
 

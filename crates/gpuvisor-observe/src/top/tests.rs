@@ -421,5 +421,17 @@ fn no_color_and_dumb_terminals_get_no_colours() {
     assert!(!color_wanted(None, None));
 }
 
+#[test]
+fn a_cpu_only_replica_shows_no_gpu_figures() {
+    let mut model = s3_model();
+    model.rows = vec![row("collector", "collector", None, 0, 0)];
+    model.rows[0].gpu_peak_bytes = None;
+    let text = frame(&TopApp::new(model, false));
+    let line = text.lines().find(|l| l.contains("collector")).unwrap();
+    let fields: Vec<&str> = line.split_whitespace().collect();
+    // ▶ collector - PID running MEM PEAK GPU% ...
+    assert_eq!(&fields[5..8], ["-", "-", "-"], "{line}");
+}
+
 mod record_tests;
 mod source_tests;
