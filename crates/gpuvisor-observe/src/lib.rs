@@ -9,9 +9,12 @@
 //!   environment variables that would fight a plan. Each finding is ok / warn / fail / could not
 //!   check, with its fix.
 //!
-//! Later this crate also holds the live sampler, `gpuvisor top` and the HTML run report; they
-//! share the run-directory reading that `explain` starts with.
+//! - [`top`] is `gpuvisor top`: the live terminal view of a run or of the machine's GPUs.
+//!
+//! Later this crate also holds the live sampler and the HTML run report; they share the
+//! run-directory reading that `explain` starts with.
 
 pub mod doctor;
 pub mod explain;
 pub mod size_text;
+pub mod top;

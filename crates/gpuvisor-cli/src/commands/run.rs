@@ -21,6 +21,7 @@ use nix::sys::signal::Signal;
 use regex::bytes::Regex;
 
 mod ledger;
+mod tui;
 
 use crate::cli::InventoryArgs;
 use crate::failure::Failure;
@@ -45,6 +46,10 @@ pub struct RunArgs {
     /// Do not copy the processes' output to the terminal (the log files still get it all).
     #[arg(long, short)]
     pub quiet: bool,
+    /// Show the job's live view (`gpuvisor top`) instead of its output; `q` or Ctrl-C stops
+    /// the job.
+    #[arg(long, conflicts_with = "quiet")]
+    pub tui: bool,
     /// GPU source.
     #[command(flatten)]
     pub inventory: InventoryArgs,
@@ -70,6 +75,9 @@ pub fn keeper(args: KeeperArgs) -> Result<ExitCode, Failure> {
 pub fn run(args: RunArgs) -> Result<ExitCode, Failure> {
     let job = read_job_file(&args.job).map_err(Failure::bad_input)?;
     let readiness = parse_readiness(&args.ready, &job)?;
+    if args.tui {
+        tui::check_terminal()?;
+    }
     let cpu_only_job = job
         .processes
         .iter()
@@ -112,9 +120,20 @@ pub fn run(args: RunArgs) -> Result<ExitCode, Failure> {
     );
     let keeper = std::env::current_exe()?;
     let mut options = Options::new(&job.name, Some(vec![keeper.into(), "__keeper".into()]));
-    options.terminal = !args.quiet;
+    options.terminal = !args.quiet && !args.tui;
     let mut hooks = make_hooks(&job.name, &plan, libraries.as_ref(), &inventory)?;
-    let outcome = supervise(replicas, &run_dir, options, &mut hooks)?;
+    let view = match args.tui {
+        true => Some(tui::Tui::start(
+            run_dir.path(),
+            args.inventory.simulate.is_some(),
+        )?),
+        false => None,
+    };
+    let outcome = supervise(replicas, &run_dir, options, &mut hooks);
+    if let Some(view) = view {
+        view.finish();
+    }
+    let outcome = outcome?;
     eprint!("{}", render_summary(&outcome));
     Ok(ExitCode::from(outcome.status))
 }
