@@ -10,6 +10,7 @@
 //! - [`logs`] pumps every pipe into timestamped files and the [`terminal`];
 //! - [`cause`] classifies exits, [`cleanup`] removes the job's /dev/shm leftovers, [`control`]
 //!   is the control socket;
+//! - [`sample`] is what the sampler sees at one tick (served by `{"cmd":"sample"}`);
 //! - [`supervisor`] is the event loop tying them together: [`supervisor::supervise`].
 
 pub mod cause;
@@ -22,6 +23,7 @@ pub mod logs;
 pub mod procfs;
 pub mod record;
 pub mod rundir;
+pub mod sample;
 pub mod spawn;
 pub mod state;
 pub mod supervisor;

@@ -305,6 +305,7 @@ pub fn supervise(
         interrupts: 0,
         first_signal: None,
         job_end: None,
+        snapshot: None,
     };
     run.events.write(
         &Event::new("job-start")
@@ -359,6 +360,8 @@ struct Run<'hooks> {
     interrupts: u32,
     first_signal: Option<Signal>,
     job_end: Option<Event>,
+    /// The sampler's latest picture (served by `{"cmd":"sample"}`).
+    snapshot: Option<crate::sample::Snapshot>,
 }
 
 /// How long an exit waits for the replica's pipes to close (to read its last lines).

@@ -236,6 +236,7 @@ impl Run<'_> {
                 }
                 Err(error) => error,
             },
+            Request::Sample => json!({ "ok": true, "sample": self.snapshot }),
             Request::Restart { process } => match check(&process) {
                 Ok(()) => {
                     self.events.write(
