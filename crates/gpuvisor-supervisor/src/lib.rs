@@ -10,6 +10,8 @@
 //! - [`logs`] pumps every pipe into timestamped files and the [`terminal`];
 //! - [`cause`] classifies exits, [`cleanup`] removes the job's /dev/shm leftovers, [`control`]
 //!   is the control socket;
+//! - [`sampler`] reads GPUs ([`gpu_source`]: NVML or the simulator), /proc and the ledger
+//!   each tick into a [`sample::Snapshot`];
 //! - [`sample`] is what the sampler sees at one tick (served by `{"cmd":"sample"}`);
 //! - [`supervisor`] is the event loop tying them together: [`supervisor::supervise`].
 
@@ -18,12 +20,14 @@ pub mod cleanup;
 pub mod clock;
 pub mod control;
 pub mod events;
+pub mod gpu_source;
 pub mod keeper;
 pub mod logs;
 pub mod procfs;
 pub mod record;
 pub mod rundir;
 pub mod sample;
+pub mod sampler;
 pub mod spawn;
 pub mod state;
 pub mod supervisor;
