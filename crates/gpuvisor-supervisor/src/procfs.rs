@@ -285,7 +285,16 @@ mod tests {
         let first = reader.read(pid).unwrap();
         assert_eq!(first.ppid, std::process::id() as i32);
         assert_eq!(reader.read(pid).unwrap().start_ticks, first.start_ticks);
-        assert!(cmdline(pid).starts_with("sleep 30"));
+        // Right after the fork the child may not have exec'd yet.
+        let mut command = String::new();
+        for _ in 0..200 {
+            command = cmdline(pid);
+            if command == "sleep 30" {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert_eq!(command, "sleep 30");
         child.kill().unwrap();
         child.wait().unwrap();
         assert_eq!(reader.read(pid), None);
