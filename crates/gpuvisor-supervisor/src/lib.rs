@@ -12,6 +12,8 @@
 //!   is the control socket;
 //! - [`sampler`] reads GPUs ([`gpu_source`]: NVML or the simulator), /proc and the ledger
 //!   each tick into a [`sample::Snapshot`];
+//! - [`watch`] applies the policies (budget, GPU use by CPU-only processes, headroom) and
+//!   detects stalls;
 //! - [`sample`] is what the sampler sees at one tick (served by `{"cmd":"sample"}`);
 //! - [`supervisor`] is the event loop tying them together: [`supervisor::supervise`].
 
@@ -32,3 +34,4 @@ pub mod spawn;
 pub mod state;
 pub mod supervisor;
 pub mod terminal;
+pub mod watch;
