@@ -14,6 +14,7 @@
 //!   each tick into a [`sample::Snapshot`];
 //! - [`watch`] applies the policies (budget, GPU use by CPU-only processes, headroom) and
 //!   detects stalls;
+//! - [`metrics`] serves the latest snapshot as OpenMetrics / Prometheus text (`--metrics`);
 //! - [`sample`] is what the sampler sees at one tick (served by `{"cmd":"sample"}`);
 //! - [`supervisor`] is the event loop tying them together: [`supervisor::supervise`].
 
@@ -25,6 +26,7 @@ pub mod events;
 pub mod gpu_source;
 pub mod keeper;
 pub mod logs;
+pub mod metrics;
 pub mod procfs;
 pub mod record;
 pub mod rundir;

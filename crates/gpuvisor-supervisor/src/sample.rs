@@ -60,6 +60,12 @@ pub struct ReplicaStat {
     pub replica: u32,
     /// `name` or `name[r]`.
     pub label: String,
+    /// `running`, `backoff`, `exited`, ... (as in `ps`).
+    #[serde(default)]
+    pub state: String,
+    /// Restarts so far.
+    #[serde(default)]
+    pub restarts: u32,
     /// Its pid (the command, below the keeper) while it runs.
     pub pid: Option<i32>,
     /// Live processes in its tree.
