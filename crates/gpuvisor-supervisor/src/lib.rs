@@ -15,6 +15,8 @@
 //! - [`watch`] applies the policies (budget, GPU use by CPU-only processes, headroom) and
 //!   detects stalls;
 //! - [`metrics`] serves the latest snapshot as OpenMetrics / Prometheus text (`--metrics`);
+//! - [`samples`] records the snapshots, downsampled by age (`samples/` in the run directory),
+//!   and reads them back; [`stacks`] dumps a stalled replica's Python stacks (py-spy);
 //! - [`sample`] is what the sampler sees at one tick (served by `{"cmd":"sample"}`);
 //! - [`supervisor`] is the event loop tying them together: [`supervisor::supervise`].
 
@@ -32,7 +34,9 @@ pub mod record;
 pub mod rundir;
 pub mod sample;
 pub mod sampler;
+pub mod samples;
 pub mod spawn;
+pub mod stacks;
 pub mod state;
 pub mod supervisor;
 pub mod terminal;

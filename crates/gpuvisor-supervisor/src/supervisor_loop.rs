@@ -11,7 +11,8 @@ impl Run<'_> {
     pub(super) fn main_loop(&mut self, receiver: &Receiver<Msg>) -> u8 {
         let mut inputs = vec![Input::Tick];
         let mut last_sample = Instant::now();
-        let mut last_gpu_sample = Instant::now();
+        let sampler_interval = self.options.sampler_interval.max(Duration::from_millis(50));
+        let mut next_tick = Instant::now();
         loop {
             while !inputs.is_empty() {
                 let input = inputs.remove(0);
@@ -24,7 +25,8 @@ impl Run<'_> {
                 }
             }
             let now = self.now_ms();
-            let mut wait = Duration::from_millis(200);
+            let mut wait =
+                Duration::from_millis(200).min(next_tick.saturating_duration_since(Instant::now()));
             if let Some(deadline) = self.machine.next_deadline() {
                 wait = wait.min(Duration::from_millis(deadline.saturating_sub(now)));
             }
@@ -38,9 +40,14 @@ impl Run<'_> {
                 last_sample = Instant::now();
                 self.sample_processes();
             }
-            if last_gpu_sample.elapsed() >= Duration::from_millis(500) {
-                last_gpu_sample = Instant::now();
+            if Instant::now() >= next_tick {
+                // Fixed cadence; a late tick does not shift the ones after it.
+                next_tick += sampler_interval;
+                if next_tick < Instant::now() {
+                    next_tick = Instant::now() + sampler_interval;
+                }
                 self.sample_gpu();
+                self.tick_sampler(&mut inputs);
             }
             inputs.push(Input::Tick);
         }
@@ -236,7 +243,10 @@ impl Run<'_> {
                 }
                 Err(error) => error,
             },
-            Request::Sample => json!({ "ok": true, "sample": self.snapshot }),
+            Request::Sample => {
+                let latest = self.latest.lock().unwrap_or_else(|p| p.into_inner());
+                json!({ "ok": true, "sample": *latest })
+            }
             Request::Restart { process } => match check(&process) {
                 Ok(()) => {
                     self.events.write(
@@ -391,6 +401,9 @@ impl Run<'_> {
         }
         for event in sample.events {
             self.events.write(&event);
+            if event.kind == "violation" {
+                self.shim_events.push(event);
+            }
         }
     }
 
