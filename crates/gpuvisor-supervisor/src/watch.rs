@@ -13,29 +13,7 @@ use serde::{Deserialize, Serialize};
 use crate::events::Event;
 use crate::sample::Snapshot;
 
-/// What to do when a replica's GPU memory passes its budget.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum BudgetAction {
-    /// Record an event.
-    #[default]
-    Warn,
-    /// Kill the replica (SIGKILL) and keep it stopped.
-    Kill,
-    /// Stop it and start it again (counts as a restart).
-    Restart,
-}
-
-/// What to do when a CPU-only replica (or a descendant) uses a GPU.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum GpuUseAction {
-    /// Record an event.
-    #[default]
-    Warn,
-    /// Kill the offending process (SIGKILL).
-    Kill,
-}
+pub use gpuvisor_core::spec::{BudgetAction, GpuUseAction};
 
 /// One replica's policies.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -44,6 +22,8 @@ pub struct ReplicaPolicy {
     pub shim_enforced: bool,
     /// It was planned CPU-only.
     pub cpu_only: bool,
+    /// Its own process keeps its GPU but its descendants must not use one.
+    pub children_cpu_only: bool,
     /// Budget exceeded.
     pub on_budget_exceeded: BudgetAction,
     /// GPU use while CPU-only.
@@ -282,7 +262,10 @@ impl Watch {
             let Some(index) = process.replica else {
                 continue;
             };
-            if process.gpu_bytes == 0 || !self.policy(index).cpu_only {
+            let policy = self.policy(index);
+            let own = snapshot.replicas[index].pid == Some(process.pid);
+            let forbidden = policy.cpu_only || (policy.children_cpu_only && !own);
+            if process.gpu_bytes == 0 || !forbidden {
                 continue;
             }
             present.insert(process.pid);

@@ -222,3 +222,22 @@ fn a_quiet_replica_stalls_once_per_quiet_spell() {
     assert_eq!(findings.len(), 1);
     assert_eq!(watch.stalls, 2);
 }
+
+#[test]
+fn with_children_cpu_only_the_replica_itself_may_use_its_gpu_but_not_its_children() {
+    let mut config = config(BudgetAction::Warn, GpuUseAction::Kill);
+    config.replicas[0] = ReplicaPolicy {
+        children_cpu_only: true,
+        on_gpu_use: GpuUseAction::Kill,
+        ..ReplicaPolicy::default()
+    };
+    let mut watch = Watch::new(config);
+    let mut own = snapshot(0);
+    own.replicas[0].pid = Some(11);
+    assert!(watch.check(&mut own, &[]).is_empty());
+    let mut child = snapshot(100);
+    child.replicas[0].pid = Some(10);
+    let findings = watch.check(&mut child, &[]);
+    assert_eq!(findings.len(), 1, "{findings:?}");
+    assert_eq!(findings[0].remedy, Some(Remedy::KillPid(11)));
+}
