@@ -20,23 +20,52 @@ fn job(text: &str) -> (tempfile::TempDir, PathBuf) {
     (dir, path)
 }
 
-/// `gpuvisor run JOB --run-dir DIR/run --simulate 1x80GiB --quiet EXTRA...`, started.
-fn start_run(dir: &Path, job: &Path, extra: &[&str]) -> Child {
-    gpuvisor()
-        .current_dir(dir)
-        .arg("run")
-        .arg(job)
-        .arg("--run-dir")
-        .arg(dir.join("run"))
-        .args(["--simulate", "1x80GiB", "--quiet"])
-        .args(extra)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap()
+/// A started `gpuvisor run`, killed if a test fails before it ends (its keepers then take
+/// the job down with it).
+struct Running(Option<Child>);
+
+impl std::ops::Deref for Running {
+    type Target = Child;
+    fn deref(&self) -> &Child {
+        self.0.as_ref().expect("running")
+    }
 }
 
-fn finish(child: Child) -> Run {
+impl std::ops::DerefMut for Running {
+    fn deref_mut(&mut self) -> &mut Child {
+        self.0.as_mut().expect("running")
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.0.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// `gpuvisor run JOB --run-dir DIR/run --simulate 1x80GiB --quiet EXTRA...`, started.
+fn start_run(dir: &Path, job: &Path, extra: &[&str]) -> Running {
+    Running(Some(
+        gpuvisor()
+            .current_dir(dir)
+            .arg("run")
+            .arg(job)
+            .arg("--run-dir")
+            .arg(dir.join("run"))
+            .args(["--simulate", "1x80GiB", "--quiet"])
+            .args(extra)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    ))
+}
+
+fn finish(mut running: Running) -> Run {
+    let child = running.0.take().expect("running");
     child.wait_with_output().unwrap().into()
 }
 
@@ -365,21 +394,42 @@ fn readiness_flags_are_checked() {
 }
 
 #[test]
+fn the_job_files_ready_key_orders_the_start() {
+    // setup must exit 0, then server must print its line, before client starts: client finds
+    // both marks or fails.
+    let (dir, path) = job(concat!(
+        "[process.setup]\ncommand = [\"sh\", \"-c\", \"sleep 0.3; touch setup-done\"]\n",
+        "device = \"cpu\"\nready = \"exit\"\n",
+        "[process.server]\ncommand = [\"sh\", \"-c\", \"sleep 0.3; touch serving; echo serving on 7; sleep 1\"]\n",
+        "device = \"cpu\"\nready = \"log:^serving on \\\\d+$\"\nafter = [\"setup\"]\n",
+        "[process.client]\ncommand = [\"sh\", \"-c\", \"test -f setup-done && test -f serving && touch client-ok\"]\n",
+        "device = \"cpu\"\nafter = [\"server\"]\n",
+    ));
+    let run = finish(start_run(dir.path(), &path, &[]));
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    assert!(dir.path().join("client-ok").exists(), "{}", run.stderr);
+    let events = events(dir.path());
+    assert_eq!(count(&events, "ready", "server"), 1, "{events:?}");
+}
+
+#[test]
 fn replicas_feel_sigint_even_when_gpuvisor_was_started_ignoring_it() {
     // A shell starting gpuvisor in the background ignores SIGINT for it; the replicas must
     // not inherit that, or a graceful stop always ends in SIGKILL.
     let (dir, path) = job("[process.sleeper]\ncommand = [\"sleep\", \"300\"]\ndevice = \"cpu\"\n");
-    let child = std::process::Command::new("sh")
-        .arg("-c")
-        .arg("trap '' INT; exec \"$0\" run \"$1\" --run-dir \"$2\" --simulate 1x80GiB --quiet")
-        .arg(env!("CARGO_BIN_EXE_gpuvisor"))
-        .arg(&path)
-        .arg(dir.path().join("run"))
-        .current_dir(dir.path())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let child = Running(Some(
+        std::process::Command::new("sh")
+            .arg("-c")
+            .arg("trap '' INT; exec \"$0\" run \"$1\" --run-dir \"$2\" --simulate 1x80GiB --quiet")
+            .arg(env!("CARGO_BIN_EXE_gpuvisor"))
+            .arg(&path)
+            .arg(dir.path().join("run"))
+            .current_dir(dir.path())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    ));
     assert!(wait_for(20, || count(
         &events(dir.path()),
         "start",
@@ -429,17 +479,19 @@ backoff_max = "1s"
 fn a_slow_terminal_drops_lines_there_but_never_slows_the_job_or_the_files() {
     let (dir, path) =
         job("[process.chatty]\ncommand = [\"seq\", \"1\", \"300000\"]\ndevice = \"cpu\"\n");
-    let mut child = gpuvisor()
-        .current_dir(dir.path())
-        .arg("run")
-        .arg(&path)
-        .arg("--run-dir")
-        .arg(dir.path().join("run"))
-        .args(["--simulate", "1x80GiB"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = Running(Some(
+        gpuvisor()
+            .current_dir(dir.path())
+            .arg("run")
+            .arg(&path)
+            .arg("--run-dir")
+            .arg(dir.path().join("run"))
+            .args(["--simulate", "1x80GiB"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    ));
     // A terminal reading 2 KiB every 10 ms: about 200 kB/s, 20 s for all 2.3 MB of output.
     let mut stdout = child.stdout.take().unwrap();
     let reader = std::thread::spawn(move || {
@@ -472,4 +524,64 @@ fn a_slow_terminal_drops_lines_there_but_never_slows_the_job_or_the_files() {
     assert!(shown.starts_with("chatty | 1\n"), "{}", &shown[..100]);
     let log = std::fs::read_to_string(dir.path().join("run/logs/chatty.log")).unwrap();
     assert_eq!(log.lines().count(), 300_000);
+}
+
+#[test]
+fn a_replica_whose_keeper_dies_leaves_nothing_behind() {
+    // The keeper is SIGKILLed (as the OOM killer might); its command must not run on alone,
+    // while the job goes on (the replica restarts).
+    let (dir, path) = job(
+        "[process.orphaned]\ncommand = [\"sleep\", \"300\"]\ndevice = \"cpu\"\nrestart = \"always\"\n",
+    );
+    let child = start_run(dir.path(), &path, &[]);
+    assert!(wait_for(20, || count(
+        &events(dir.path()),
+        "start",
+        "orphaned"
+    ) == 1));
+    let record = events(dir.path());
+    let keeper = record.iter().find(|e| e["kind"] == "start").unwrap()["pid"]
+        .as_i64()
+        .unwrap() as i32;
+    let mut sleeper = 0;
+    assert!(wait_for(10, || {
+        sleeper = gpuvisor_supervisor::procfs::children(keeper)
+            .first()
+            .copied()
+            .unwrap_or(0);
+        sleeper != 0
+    }));
+    kill(Pid::from_raw(keeper), Signal::SIGKILL).unwrap();
+    assert!(
+        wait_for(5, || !alive(sleeper)),
+        "the command outlived its keeper"
+    );
+    assert!(wait_for(20, || count(
+        &events(dir.path()),
+        "start",
+        "orphaned"
+    ) == 2));
+    let exit = events(dir.path())
+        .into_iter()
+        .find(|e| e["kind"] == "exit")
+        .unwrap();
+    assert_eq!(exit["signal"], "SIGKILL");
+    kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM).unwrap();
+    let run = finish(child);
+    assert_eq!(run.code, Some(143), "{}", run.stderr);
+}
+
+#[test]
+fn a_cpu_only_job_runs_without_a_gpu_or_simulate() {
+    let (dir, path) = job("[process.a]\ncommand = [\"echo\", \"hello\"]\ndevice = \"cpu\"\n");
+    let run: Run = gpuvisor()
+        .current_dir(dir.path())
+        .arg("run")
+        .arg(&path)
+        .args(["--run-dir", "run"])
+        .output()
+        .unwrap()
+        .into();
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    assert_eq!(run.stdout, "a | hello\n");
 }

@@ -172,3 +172,51 @@ memory = "2GiB"
     assert_eq!(last["replicas"][0]["budget_bytes"], 2u64 << 30);
     assert_eq!(last["live"], true);
 }
+
+/// The README's main command: `gpuvisor run examples/hello.toml --simulate 1x24GiB`.
+#[test]
+fn the_readme_main_job_runs_on_the_simulator() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let output = gpuvisor()
+        .current_dir(&root)
+        .args([
+            "run",
+            "examples/hello.toml",
+            "--simulate",
+            "1x24GiB",
+            "--quiet",
+        ])
+        .arg("--run-dir")
+        .arg(dir.path().join("run"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    assert!(stderr.contains("job ok"), "{stderr}");
+    // Each worker used 384 MiB of its 512 MiB; greedy was refused at its budget.
+    let summary_line = |label: &str| {
+        stderr
+            .lines()
+            .find(|line| line.trim_start().starts_with(label))
+            .unwrap_or_else(|| panic!("no {label} row in:\n{stderr}"))
+            .to_string()
+    };
+    assert!(
+        summary_line("worker[0]").contains("384.0 MiB / 512.0 MiB"),
+        "{stderr}"
+    );
+    assert!(
+        summary_line("greedy").contains("512.0 MiB / 512.0 MiB"),
+        "{stderr}"
+    );
+    let events = std::fs::read_to_string(dir.path().join("run/events.jsonl")).unwrap();
+    let denials: Vec<Value> = events
+        .lines()
+        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+        .filter(|event| event["kind"] == "denial")
+        .collect();
+    assert_eq!(denials.len(), 1, "{events}");
+    assert_eq!(denials[0]["process"], "greedy");
+    assert_eq!(denials[0]["limit_bytes"], 512u64 << 20);
+}

@@ -184,6 +184,7 @@ struct ReplicaLog {
     ready: Option<Regex>,
     tail: Vec<u8>,
     lines: u64,
+    write_failed: bool,
 }
 
 struct Stream {
@@ -303,6 +304,7 @@ impl Pump {
             ready: registration.ready,
             tail: Vec::new(),
             lines: 0,
+            write_failed: false,
         });
         for (fd, stderr) in [(registration.stdout, false), (registration.stderr, true)] {
             self.streams.push(Stream {
@@ -427,7 +429,11 @@ impl Pump {
         }
         log.lines += lines as u64;
         if let Err(error) = log.file.write_all(&self.out) {
-            eprintln!("gpuvisor: cannot write {}: {error}", log.path.display());
+            // Once per life: a full disk would otherwise print this for every read.
+            if !log.write_failed {
+                log.write_failed = true;
+                eprintln!("gpuvisor: cannot write {}: {error} (further lines of this replica may be lost)", log.path.display());
+            }
         }
         log.file_bytes += self.out.len() as u64;
         if data.len() >= TAIL_KEEP_BYTES {

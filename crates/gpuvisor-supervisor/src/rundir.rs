@@ -47,6 +47,17 @@ pub const DEFAULT_RUNS: &str = "runs";
 impl RunDir {
     /// `./runs/<job>-<UTC time>/` (with `-2`, `-3`... if two runs start in one second).
     pub fn default_path(runs: &Path, job: &str) -> PathBuf {
+        // The job's name becomes one path component, whatever it holds.
+        let job: String = job
+            .chars()
+            .map(|c| {
+                if c.is_alphanumeric() || c == '-' || c == '_' || c == '.' {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect();
         let base = format!("{job}-{}", compact_utc(now_unix_ms()));
         let mut path = runs.join(&base);
         let mut counter = 2;
@@ -177,6 +188,14 @@ mod tests {
         assert!(run.logs_path().is_dir());
         let second = RunDir::create(&path).unwrap_err();
         assert!(matches!(second, RunDirError::InUse { .. }), "{second}");
+    }
+
+    #[test]
+    fn a_default_path_is_one_directory_per_run_under_runs() {
+        let path = RunDir::default_path(Path::new("runs"), "rl/../x y");
+        assert_eq!(path.parent(), Some(Path::new("runs")));
+        let name = path.file_name().unwrap().to_str().unwrap();
+        assert!(name.starts_with("rl_.._x_y-20"), "{name}");
     }
 
     #[test]

@@ -1,13 +1,14 @@
 //! Starting replicas and reaping them, each in one place.
 //!
-//! Every replica runs in a new process group (setpgid in the child before exec) with a
-//! parent-death signal, behind a keeper (see [`crate::keeper`]) when one is configured. Its
-//! stdout and stderr are pipes read by the log pump; stdin is /dev/null.
+//! Every replica runs in a new process group behind a keeper (see [`crate::keeper`]), started
+//! with posix_spawn; the keeper sets its own parent-death signal. Without a keeper (tests), the
+//! command itself gets setpgid, `PR_SET_PDEATHSIG = SIGKILL` and a clean signal state in the
+//! child before exec. Stdout and stderr are pipes read by the log pump; stdin is /dev/null.
 //!
 //! Reaping happens in one thread ([`Reaper`]) for every child of the supervisor, including
 //! orphans reparented to it (the supervisor is a child subreaper). It peeks with
-//! `waitid(WNOWAIT)` and reaps under the spawn lock, so it never steals the status std's
-//! `spawn` waits for when an exec fails.
+//! `waitid(WNOWAIT)`, kills what is left in a dead keeper's process group, and reaps under the
+//! spawn lock, so it never steals the status std's `spawn` waits for when an exec fails.
 
 use std::ffi::OsString;
 use std::io;
@@ -274,6 +275,12 @@ impl Reaper {
                 }
                 Err(_) => continue,
             };
+            // Still a zombie, so its pid cannot have been reused: if it led a process group
+            // (a keeper), whatever is left in that group lost its keeper (say the keeper was
+            // OOM-killed) and goes with it.
+            if crate::procfs::stat(pid.as_raw()).is_some_and(|stat| stat.pgid == stat.pid) {
+                let _ = nix::sys::signal::killpg(pid, Signal::SIGKILL);
+            }
             let status = {
                 let _guard = self
                     .lock

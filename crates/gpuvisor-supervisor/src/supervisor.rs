@@ -213,6 +213,11 @@ struct Track {
 /// Runs the job to its end: starts every replica in dependency order, restarts and stops by
 /// policy, records everything in `run_dir`, serves the control socket, cleans up. Returns when
 /// every replica is done (or stopped).
+///
+/// It owns the process's children while it runs: it reaps every child (waitid on all), makes
+/// the process a child subreaper, blocks SIGINT / SIGTERM / SIGHUP in the calling thread (the
+/// one that must stay alive: keepers die with it), and at the end kills any child left. Call
+/// it once at a time per process, from a process that starts no other children meanwhile.
 pub fn supervise(
     replicas: Vec<ReplicaSpec>,
     run_dir: &RunDir,

@@ -9,10 +9,10 @@ use std::str::FromStr;
 
 use clap::Args;
 use gpuvisor_core::env::replica_env;
-use gpuvisor_core::inventory::{Inventory, SIM_GPUS_ENV};
+use gpuvisor_core::inventory::{Inventory, InventorySource, SIM_GPUS_ENV};
 use gpuvisor_core::plan::{plan, Plan, PlanError};
 use gpuvisor_core::size::ByteSize;
-use gpuvisor_core::spec::{read_job_file, Enforcement, JobSpec};
+use gpuvisor_core::spec::{read_job_file, DeviceKind, Enforcement, JobSpec, ReadyWhen};
 use gpuvisor_supervisor::clock::human_duration;
 use gpuvisor_supervisor::rundir::{RunDir, RunDirError, DEFAULT_RUNS};
 use gpuvisor_supervisor::spawn::Launch;
@@ -36,7 +36,8 @@ pub struct RunArgs {
     /// The run directory (default: ./runs/<job>-<UTC time>/). Must be new or empty.
     #[arg(long, value_name = "DIR")]
     pub run_dir: Option<PathBuf>,
-    /// When a process counts as ready for the processes `after` it: `NAME=started` (default),
+    /// When a process counts as ready for the processes `after` it, overriding the job file's
+    /// `ready`: `NAME=started` (default),
     /// `NAME=log:REGEX` (a line of its output matches), `NAME=port:PORT` (127.0.0.1:PORT
     /// accepts connections) or `NAME=exit` (it exited with status 0). Repeatable.
     #[arg(long, value_name = "NAME=WHEN")]
@@ -69,7 +70,19 @@ pub fn keeper(args: KeeperArgs) -> Result<ExitCode, Failure> {
 pub fn run(args: RunArgs) -> Result<ExitCode, Failure> {
     let job = read_job_file(&args.job).map_err(Failure::bad_input)?;
     let readiness = parse_readiness(&args.ready, &job)?;
-    let inventory = load_inventory(args.inventory.simulate.as_deref())?;
+    let cpu_only_job = job
+        .processes
+        .iter()
+        .all(|process| process.device == DeviceKind::Cpu);
+    let inventory = match load_inventory(args.inventory.simulate.as_deref()) {
+        // A job of CPU-only processes needs no GPU, nor a driver to list them.
+        Err(_) if cpu_only_job && args.inventory.simulate.is_none() => Inventory {
+            source: InventorySource::Nvml,
+            driver_version: None,
+            gpus: Vec::new(),
+        },
+        result => result?,
+    };
     let plan = plan(&job, &inventory).map_err(|error| match error {
         PlanError::Infeasible { .. } => Failure::bad_input(error),
         PlanError::Spec(diagnostic) => Failure::bad_input(diagnostic),
@@ -188,6 +201,22 @@ fn remove_stale_ledgers(dir: &Path) {
     }
 }
 
+/// The job file's `ready` as the supervisor's readiness (its regex was checked when parsing).
+fn job_readiness(ready: &ReadyWhen) -> Result<Readiness, Failure> {
+    Ok(match ready {
+        ReadyWhen::Started => Readiness::Started,
+        ReadyWhen::Exit => Readiness::Exit,
+        ReadyWhen::Port(port) => Readiness::Port(*port),
+        ReadyWhen::LogLine(pattern) => {
+            Readiness::LogLine(Regex::new(pattern).map_err(|error| {
+                Failure::bad_input(format!(
+                    "`ready = \"log:{pattern}\"` is not a regex: {error}"
+                ))
+            })?)
+        }
+    })
+}
+
 /// `--ready NAME=WHEN` flags, checked against the job's processes.
 fn parse_readiness(flags: &[String], job: &JobSpec) -> Result<Vec<(String, Readiness)>, Failure> {
     let hint = "write NAME=started, NAME=log:REGEX, NAME=port:PORT or NAME=exit";
@@ -281,12 +310,11 @@ fn replica_specs(
                 restart: process.restart.clone(),
                 stop_signal,
                 grace_ms: process.stop.grace_ms,
-                readiness: readiness
-                    .iter()
-                    .rev()
-                    .find(|(name, _)| name == &replica.process)
-                    .map(|(_, readiness)| readiness.clone())
-                    .unwrap_or(Readiness::Started),
+                // A `--ready` flag wins over the job file's `ready`.
+                readiness: match readiness.iter().rev().find(|(name, _)| name == &replica.process) {
+                    Some((_, readiness)) => readiness.clone(),
+                    None => job_readiness(&process.ready)?,
+                },
                 budget_bytes: replica.budget_bytes,
             })
         })

@@ -113,6 +113,8 @@ pub struct ProcessSpec {
     /// Keep the GPU for this replica's own process but refuse CUDA to every process it spawns
     /// (scenario S2: collector workers). Default false.
     pub children_cpu_only: bool,
+    /// When its dependants (`after`) may start (default: as soon as it runs).
+    pub ready: ReadyWhen,
     /// Names of processes this one waits for.
     pub after: Vec<String>,
     /// The `restart` section.
@@ -158,6 +160,20 @@ pub enum GpuUseAction {
     Warn,
     /// Kill the offending process (SIGKILL).
     Kill,
+}
+
+/// When a process counts as ready, so the processes `after` it may start.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ReadyWhen {
+    /// `ready = "started"` (default): as soon as it runs.
+    Started,
+    /// `ready = "log:REGEX"`: when a line of its output matches the regex.
+    LogLine(String),
+    /// `ready = "port:PORT"`: when something accepts TCP connections on 127.0.0.1:PORT.
+    Port(u16),
+    /// `ready = "exit"`: when it exits with status 0 (a set-up step).
+    Exit,
 }
 
 /// What a process runs.

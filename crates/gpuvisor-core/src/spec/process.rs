@@ -8,7 +8,7 @@ use toml::Spanned;
 
 use super::reader::{suggest, Field, Source, Table};
 use super::{restart, values};
-use super::{DeviceKind, Diagnostic, Framework, MemoryAsk, ProcessSpec};
+use super::{DeviceKind, Diagnostic, Framework, MemoryAsk, ProcessSpec, ReadyWhen};
 
 /// Keys accepted in `[process.NAME]`.
 pub(super) const PROCESS_KEYS: &[&str] = &[
@@ -23,6 +23,7 @@ pub(super) const PROCESS_KEYS: &[&str] = &[
     "memory",
     "preallocate",
     "children_cpu_only",
+    "ready",
     "after",
     "restart",
     "stop",
@@ -185,6 +186,11 @@ pub(super) fn process(
         Some(field) => field.boolean()?,
     };
 
+    let ready = match table.get("ready") {
+        None => ReadyWhen::Started,
+        Some(field) => values::ready(&field)?,
+    };
+
     let (after, after_ranges) = match table.get("after") {
         None => (Vec::new(), Vec::new()),
         Some(field) => after(source, &field)?,
@@ -208,6 +214,7 @@ pub(super) fn process(
         memory_span: table.span_of("memory"),
         preallocate,
         children_cpu_only,
+        ready,
         after,
         restart,
         stop,

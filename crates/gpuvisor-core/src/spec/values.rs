@@ -8,7 +8,7 @@ use toml::Spanned;
 
 use super::placeholder::find_unknown_placeholder;
 use super::reader::{entries_in_file_order, suggest, Field, Source};
-use super::{Command, Diagnostic, MemoryAsk};
+use super::{Command, Diagnostic, MemoryAsk, ReadyWhen};
 use crate::size::{parse_size, SizeError};
 
 /// Units [`parse_size`] accepts, for hints.
@@ -139,6 +139,46 @@ pub(super) fn memory(field: &Field<'_, '_>) -> Result<MemoryAsk, Diagnostic> {
     parse_size(text)
         .map(MemoryAsk::Bytes)
         .map_err(|error| size_error(field, text, error, MEMORY_EXPECTED))
+}
+
+/// What `ready` accepts, for messages.
+const READY_EXPECTED: &str = "\"started\", \"exit\", \"log:REGEX\" or \"port:PORT\"";
+
+/// A `ready` value: `started`, `exit`, `log:REGEX` (checked to compile) or `port:PORT`.
+pub(super) fn ready(field: &Field<'_, '_>) -> Result<ReadyWhen, Diagnostic> {
+    let text = field.string(READY_EXPECTED)?;
+    let hint = "write ready = \"started\" (default), \"exit\" (a set-up step that must succeed), \"log:listening on\" (a line of its output matches the regex) or \"port:8476\" (127.0.0.1:8476 accepts connections)";
+    match text.split_once(':') {
+        None if text == "started" => Ok(ReadyWhen::Started),
+        None if text == "exit" => Ok(ReadyWhen::Exit),
+        Some(("log", pattern)) => match regex::Regex::new(pattern) {
+            Ok(_) if !pattern.is_empty() => Ok(ReadyWhen::LogLine(pattern.to_string())),
+            Ok(_) => Err(field
+                .error("has an empty pattern after `log:`")
+                .with_hint(hint)),
+            Err(error) => {
+                let reason = error.to_string();
+                let last = reason
+                    .lines()
+                    .last()
+                    .unwrap_or("invalid")
+                    .trim()
+                    .to_string();
+                Err(field
+                    .error(format_args!("is not a valid regex after `log:` ({last})"))
+                    .with_hint("escape regex characters with a backslash, e.g. \"log:ready \\\\(rank 0\\\\)\""))
+            }
+        },
+        Some(("port", port)) => match port.trim().parse::<u16>() {
+            Ok(port) if port > 0 => Ok(ReadyWhen::Port(port)),
+            _ => Err(field
+                .error(format_args!(
+                    "names port `{port}`, which is not a port number from 1 to 65535"
+                ))
+                .with_hint(hint)),
+        },
+        _ => Err(field.wrong(READY_EXPECTED).with_hint(hint)),
+    }
 }
 
 /// Reads `command`, which is an argv array, or (with `shell = true`) a shell command line.

@@ -214,6 +214,7 @@ impl JobBuilder {
                 memory_span,
                 preallocate: true,
                 children_cpu_only: false,
+                ready: gpuvisor_core::spec::ReadyWhen::Started,
                 after: process.after,
                 restart: RestartSpec::default(),
                 stop: StopSpec::default(),
