@@ -363,6 +363,7 @@ pub fn supervise(
         samples,
         run_path: run_dir.path().to_path_buf(),
         py_spy: crate::stacks::find_py_spy(),
+        scans: 0,
     };
     run.events.write(
         &Event::new("job-start")
@@ -432,6 +433,8 @@ struct Run<'hooks> {
     samples: Option<crate::samples::SampleWriter>,
     run_path: PathBuf,
     py_spy: Option<PathBuf>,
+    /// Footprint scans so far (every 10th also scans process groups).
+    scans: u64,
 }
 
 /// How long an exit waits for the replica's pipes to close (to read its last lines).

@@ -355,41 +355,60 @@ impl Run<'_> {
         }
     }
 
-    /// One /proc scan: pids, resident memory and mapped /dev/shm files of every live tree.
+    /// The job's footprint for clean-up: every pid of its trees (from the sampler's latest
+    /// snapshot; a full process-group scan every 10 s also finds orphans the supervisor
+    /// adopted), and the /dev/shm files they map. Maps are read only while /dev/shm holds a
+    /// candidate file (ours, `sem.mp-*` or `torch_*`) not yet known to be the job's: a file
+    /// that does not exist cannot be mapped, so most ticks read no maps at all.
     fn sample_processes(&mut self) {
         let groups: Vec<i32> = self.tracks.iter().filter_map(|track| track.pid).collect();
         if groups.is_empty() {
             return;
         }
-        let processes = procfs::all_processes();
-        for track in &mut self.tracks {
-            let Some(group) = track.pid else { continue };
-            let mut tree: Vec<i32> = processes
-                .iter()
-                .filter(|process| process.pgid == group)
-                .map(|process| process.pid)
-                .collect();
-            let mut cursor = 0;
-            while cursor < tree.len() {
-                let parent = tree[cursor];
-                tree.extend(
-                    processes
+        let mut pids: Vec<i32> = {
+            let latest = self.latest.lock().unwrap_or_else(|p| p.into_inner());
+            latest
+                .as_ref()
+                .map(|snapshot| {
+                    snapshot
+                        .processes
                         .iter()
-                        .filter(|process| process.ppid == parent && process.pgid != group)
-                        .map(|process| process.pid),
-                );
-                cursor += 1;
-            }
-            let rss: u64 = tree.iter().filter_map(|&pid| procfs::rss_bytes(pid)).sum();
-            track.peak_rss = Some(track.peak_rss.unwrap_or(0).max(rss));
-            for pid in tree {
-                // Every sample: a semaphore created just before a crash is the one that leaks.
-                self.footprint.pids.insert(pid);
+                        .map(|process| process.pid)
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        pids.extend(&groups);
+        self.scans += 1;
+        if self.scans % 10 == 1 {
+            pids.extend(procfs::job_tree(&groups));
+        }
+        let candidates = self.unattributed_shm_files();
+        for pid in pids {
+            self.footprint.pids.insert(pid);
+            if candidates {
                 for path in procfs::mapped_shm(pid) {
                     self.footprint.mapped.insert(PathBuf::from(path));
                 }
             }
         }
+    }
+
+    /// Whether the shm directory holds a file of ours that clean-up could take and that no
+    /// process of the job is known to map yet.
+    fn unattributed_shm_files(&self) -> bool {
+        use std::os::unix::fs::MetadataExt;
+        let Ok(entries) = std::fs::read_dir(&self.options.shm_dir) else {
+            return false;
+        };
+        let uid = nix::unistd::getuid().as_raw();
+        entries.filter_map(Result::ok).any(|entry| {
+            let name = entry.file_name();
+            let name = name.to_string_lossy();
+            (name.starts_with("sem.mp-") || name.starts_with("torch_"))
+                && !self.footprint.mapped.contains(&entry.path())
+                && entry.metadata().is_ok_and(|meta| meta.uid() == uid)
+        })
     }
 
     fn sample_gpu(&mut self) {

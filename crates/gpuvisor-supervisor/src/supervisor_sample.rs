@@ -29,9 +29,18 @@ impl Run<'_> {
             last_output_unix_ms: &last_output,
             now_unix_ms,
         });
-        for (row, slot) in snapshot.replicas.iter_mut().zip(self.machine.slots()) {
+        for ((row, slot), track) in snapshot
+            .replicas
+            .iter_mut()
+            .zip(self.machine.slots())
+            .zip(&mut self.tracks)
+        {
             row.state = slot.phase.name().to_string();
             row.restarts = slot.restarts;
+            // The peak of the tree's resident memory, for exit classification (OOM killer).
+            if row.process_count > 0 {
+                track.peak_rss = Some(track.peak_rss.unwrap_or(0).max(row.rss_bytes));
+            }
         }
         let shim_events = std::mem::take(&mut self.shim_events);
         let findings = self.watch.check(&mut snapshot, &shim_events);
