@@ -203,6 +203,7 @@ pub fn alive(pid: i32) -> bool {
 /// read fails, so a reused pid is never mistaken for it.
 #[derive(Debug)]
 pub struct StatReader {
+    /// The file under /proc/PID/; `children` means the main thread's children list.
     name: &'static str,
     files: std::collections::HashMap<i32, fs::File>,
     buffer: Vec<u8>,
@@ -220,7 +221,8 @@ impl StatReader {
         StatReader::for_file("stat")
     }
 
-    /// A reader of /proc/PID/`name`.
+    /// A reader of /proc/PID/`name`; `children` reads /proc/PID/task/PID/children (the main
+    /// thread's children: a process's whole list only when it has one thread).
     pub fn for_file(name: &'static str) -> StatReader {
         StatReader {
             name,
@@ -242,14 +244,19 @@ impl StatReader {
         let file = match self.files.entry(pid) {
             std::collections::hash_map::Entry::Occupied(entry) => entry.into_mut(),
             std::collections::hash_map::Entry::Vacant(entry) => {
-                entry.insert(fs::File::open(format!("/proc/{pid}/{name}")).ok()?)
+                let path = match name {
+                    "children" => format!("/proc/{pid}/task/{pid}/children"),
+                    _ => format!("/proc/{pid}/{name}"),
+                };
+                entry.insert(fs::File::open(path).ok()?)
             }
         };
+        // An empty read is a valid answer (no children); a gone process is a read error.
         let parsed = match file.read_at(&mut self.buffer, 0) {
-            Ok(count) if count > 0 => std::str::from_utf8(&self.buffer[..count])
+            Ok(count) => std::str::from_utf8(&self.buffer[..count])
                 .ok()
                 .and_then(parse),
-            _ => None,
+            Err(_) => None,
         };
         if parsed.is_none() {
             self.files.remove(&pid);
@@ -266,6 +273,15 @@ impl StatReader {
     pub fn open_files(&self) -> usize {
         self.files.len()
     }
+}
+
+/// The pids of a children list.
+pub fn parse_pids(text: &str) -> Option<Vec<i32>> {
+    Some(
+        text.split_whitespace()
+            .filter_map(|word| word.parse().ok())
+            .collect(),
+    )
 }
 
 /// CPU time in nanoseconds from the text of /proc/PID/schedstat (its first field): far
@@ -332,6 +348,10 @@ mod tests {
         assert_eq!(reader.read(pid).unwrap().start_ticks, first.start_ticks);
         let mut sched = StatReader::for_file("schedstat");
         assert!(sched.read_with(pid, parse_schedstat_ns).is_some());
+        let mut children = StatReader::for_file("children");
+        assert_eq!(children.read_with(pid, parse_pids), Some(Vec::new()));
+        let me = std::process::id() as i32;
+        assert!(children.read_with(me, parse_pids).is_some());
         // Right after the fork the child may not have exec'd yet.
         let mut command = String::new();
         for _ in 0..200 {

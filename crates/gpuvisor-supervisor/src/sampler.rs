@@ -59,6 +59,10 @@ pub struct Sampler {
     sched: StatReader,
     /// /proc/PID/stat of every member, from the last discovery.
     info: HashMap<i32, procfs::ProcSample>,
+    /// /proc/PID/stat and the main thread's children list of members and keepers, kept
+    /// open for the discoveries.
+    stat_files: StatReader,
+    children_files: StatReader,
     page_bytes: u64,
     /// Per replica: its group and the pids of its tree at the last discovery.
     members: Vec<(Option<i32>, Vec<i32>)>,
@@ -94,6 +98,8 @@ impl Sampler {
             source,
             sched: StatReader::for_file("schedstat"),
             info: HashMap::new(),
+            stat_files: StatReader::new(),
+            children_files: StatReader::for_file("children"),
             page_bytes: procfs::page_bytes(),
             members: vec![(None, Vec::new()); count],
             discovered: None,
@@ -235,17 +241,17 @@ impl Sampler {
             let pids = match group {
                 Some(group) => {
                     let mut found = Vec::new();
-                    let mut stack = procfs::children(*group);
+                    let mut stack = self.children_of(*group);
                     while let Some(pid) = stack.pop() {
-                        let Some(stat) = procfs::stat_sample(pid) else {
-                            continue;
-                        };
                         if found.contains(&pid) {
                             continue;
                         }
+                        let Some(stat) = self.stat_files.read(pid) else {
+                            continue;
+                        };
                         found.push(pid);
-                        stack.extend(procfs::children_of(pid, stat.threads));
                         self.info.insert(pid, stat);
+                        stack.extend(self.children_of(pid));
                     }
                     found
                 }
@@ -260,9 +266,30 @@ impl Sampler {
                 .iter()
                 .flat_map(|(_, pids)| pids.iter().copied())
                 .collect();
+            let keepers: std::collections::HashSet<i32> =
+                groups.iter().flatten().copied().collect();
             self.sched.retain(|pid| live.contains(&pid));
             self.info.retain(|pid, _| live.contains(pid));
+            self.stat_files
+                .retain(|pid| live.contains(&pid) || keepers.contains(&pid));
+            self.children_files
+                .retain(|pid| live.contains(&pid) || keepers.contains(&pid));
         }
+    }
+
+    /// Direct children of `pid`: its kept-open children list when it has one thread, else
+    /// every thread's.
+    fn children_of(&mut self, pid: i32) -> Vec<i32> {
+        let threads = match self.info.get(&pid) {
+            Some(stat) => stat.threads,
+            None => self.stat_files.read(pid).map_or(0, |stat| stat.threads),
+        };
+        if threads == 1 {
+            if let Some(children) = self.children_files.read_with(pid, procfs::parse_pids) {
+                return children;
+            }
+        }
+        procfs::children(pid)
     }
 
     /// Adds the GPU figures: to the job's processes, to newly found descendants (attributed by

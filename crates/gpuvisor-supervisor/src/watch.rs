@@ -161,10 +161,17 @@ impl Watch {
     /// `violation` events since the last tick.
     pub fn check(&mut self, snapshot: &mut Snapshot, shim_events: &[Event]) -> Vec<Finding> {
         let mut findings = Vec::new();
+        // Each replica's processes (indices), in one pass: the checks below are per replica.
+        let mut members: Vec<Vec<usize>> = vec![Vec::new(); snapshot.replicas.len()];
+        for (at, process) in snapshot.processes.iter().enumerate() {
+            if let Some(list) = process.replica.and_then(|index| members.get_mut(index)) {
+                list.push(at);
+            }
+        }
         self.check_headroom(snapshot, &mut findings);
-        self.check_budgets(snapshot, &mut findings);
+        self.check_budgets(snapshot, &members, &mut findings);
         self.check_gpu_use(snapshot, shim_events, &mut findings);
-        self.check_stalls(snapshot, &mut findings);
+        self.check_stalls(snapshot, &members, &mut findings);
         self.actions += findings.iter().filter(|f| f.stall_of.is_none()).count() as u64;
         findings
     }
@@ -197,7 +204,12 @@ impl Watch {
         }
     }
 
-    fn check_budgets(&mut self, snapshot: &Snapshot, findings: &mut Vec<Finding>) {
+    fn check_budgets(
+        &mut self,
+        snapshot: &Snapshot,
+        members: &[Vec<usize>],
+        findings: &mut Vec<Finding>,
+    ) {
         for (index, replica) in snapshot.replicas.iter().enumerate() {
             let policy = self.policy(index);
             if policy.shim_enforced || policy.cpu_only || replica.budget_bytes == 0 {
@@ -205,11 +217,7 @@ impl Watch {
             }
             // The budget is per GPU: the most the tree holds on any one GPU.
             let mut per_gpu: Vec<(u32, u64)> = Vec::new();
-            for process in snapshot
-                .processes
-                .iter()
-                .filter(|p| p.replica == Some(index))
-            {
+            for process in members[index].iter().map(|&at| &snapshot.processes[at]) {
                 let share = process.gpu_bytes / process.gpus.len().max(1) as u64;
                 for &gpu in &process.gpus {
                     match per_gpu.iter_mut().find(|(g, _)| *g == gpu) {
@@ -335,7 +343,12 @@ impl Watch {
         }
     }
 
-    fn check_stalls(&mut self, snapshot: &mut Snapshot, findings: &mut Vec<Finding>) {
+    fn check_stalls(
+        &mut self,
+        snapshot: &mut Snapshot,
+        members: &[Vec<usize>],
+        findings: &mut Vec<Finding>,
+    ) {
         let now = snapshot.time_unix_ms;
         let interval = snapshot.interval_ms.max(1) as f64;
         self.stalled.resize(snapshot.replicas.len(), false);
@@ -380,11 +393,7 @@ impl Watch {
                 gpu_utilization_percent: replica.gpu_utilization_percent,
                 ..StallEvidence::default()
             };
-            for process in snapshot
-                .processes
-                .iter()
-                .filter(|p| p.replica == Some(index))
-            {
+            for process in members[index].iter().map(|&at| &snapshot.processes[at]) {
                 match process.state {
                     'R' => evidence.running += 1,
                     'D' => evidence.disk_wait += 1,
