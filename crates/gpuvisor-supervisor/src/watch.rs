@@ -354,7 +354,7 @@ impl Watch {
         self.stalled.resize(snapshot.replicas.len(), false);
         self.cpu_history
             .resize(snapshot.replicas.len(), VecDeque::new());
-        for index in 0..snapshot.replicas.len() {
+        for (index, own) in members.iter().enumerate().take(snapshot.replicas.len()) {
             let replica = &snapshot.replicas[index];
             // CPU use integrated over time (monotonic even when processes come and go); each
             // tick's figure covers the time since the previous tick.
@@ -393,7 +393,7 @@ impl Watch {
                 gpu_utilization_percent: replica.gpu_utilization_percent,
                 ..StallEvidence::default()
             };
-            for process in members[index].iter().map(|&at| &snapshot.processes[at]) {
+            for process in own.iter().map(|&at| &snapshot.processes[at]) {
                 match process.state {
                     'R' => evidence.running += 1,
                     'D' => evidence.disk_wait += 1,
