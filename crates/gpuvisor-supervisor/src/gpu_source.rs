@@ -136,7 +136,7 @@ impl SimSource {
             .filter_map(|slot| {
                 let base = slot * SIM_SLOT_WORDS;
                 let pid = i32::try_from(word(&self.buffer, base)).ok()?;
-                if pid <= 0 || !crate::procfs::alive(pid) {
+                if pid <= 0 || !exists(pid) {
                     return None;
                 }
                 let bytes = (0..device_count)
@@ -145,6 +145,15 @@ impl SimSource {
                 Some((pid, bytes))
             })
             .collect()
+    }
+}
+
+/// Whether `pid` exists: one `kill(pid, 0)`, no /proc read per slot per tick. (A zombie
+/// counts until its parent reaps it; the supervisor reaps at once.)
+fn exists(pid: i32) -> bool {
+    match nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None) {
+        Ok(()) => true,
+        Err(error) => error == nix::errno::Errno::EPERM,
     }
 }
 

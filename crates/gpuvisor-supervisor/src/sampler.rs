@@ -2,12 +2,12 @@
 //! (/proc/PID/schedstat, kept open and re-read with one `pread` each: far cheaper for the
 //! kernel than /proc/PID/stat), and turns them, with the ledger's figures, into a
 //! [`Snapshot`]. State, parent and resident memory come from /proc/PID/stat, read when the
-//! trees are rediscovered (at most once a second), so they are at most a second old.
+//! trees are rediscovered (every 2 s), so they are at most 2 s old.
 //!
 //! Every GPU pid is attributed to the replica it descends from by walking its parent chain up
 //! to a replica's process group leader (the keeper); the answer is cached per (pid, start
 //! time), so a long-lived worker costs one walk in its life. The replicas' trees are
-//! rediscovered (children lists) at most once a second; a GPU process born in between is
+//! rediscovered (children lists) every 2 s; a GPU process born in between is
 //! found through its parent chain at once.
 
 use std::collections::HashMap;
@@ -46,8 +46,8 @@ pub struct TickInput<'a> {
 
 /// How deep a parent chain is walked before giving up (a loop guard; real chains are short).
 const MAX_CHAIN: usize = 64;
-/// How often replica trees are rediscovered.
-const DISCOVER_EVERY: Duration = Duration::from_secs(1);
+/// How often replica trees are rediscovered (and their members' state and RSS read).
+const DISCOVER_EVERY: Duration = Duration::from_secs(2);
 
 /// The sampler's state between ticks.
 pub struct Sampler {
