@@ -233,7 +233,9 @@ impl Sampler {
             .is_none_or(|last| now.duration_since(last) >= DISCOVER_EVERY);
         let mut any = false;
         for (index, group) in groups.iter().enumerate().take(self.members.len()) {
-            let changed = self.members[index].0 != *group;
+            // A new life, or one whose command had not started at the last look.
+            let changed = self.members[index].0 != *group
+                || (group.is_some() && self.members[index].1.is_empty());
             if !(due || changed) {
                 continue;
             }

@@ -139,8 +139,11 @@ fn a_worker_born_after_discovery_is_found_through_its_parent_chain() {
         vec![info("a")],
         Box::new(source),
     );
-    // The tree as discovered knows only its leader: the worker must be found by walking up.
-    sampler.members[0] = (Some(root), Vec::new());
+    // The tree as discovered knows only the worker's parent: the worker must be found by
+    // walking up its parent chain.
+    let parent = procfs::stat(worker).unwrap().ppid;
+    assert_ne!(parent, root);
+    sampler.members[0] = (Some(root), vec![parent]);
     sampler.discovered = Some(Instant::now());
     write_state(&state, &[(worker, &[7 << 20])]);
     let snapshot = sampler.tick(TickInput {
