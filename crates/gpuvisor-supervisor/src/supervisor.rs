@@ -364,6 +364,8 @@ pub fn supervise(
         run_path: run_dir.path().to_path_buf(),
         py_spy: crate::stacks::find_py_spy(),
         scans: 0,
+        shm_seen: Default::default(),
+        maps_read: Default::default(),
     };
     run.events.write(
         &Event::new("job-start")
@@ -435,6 +437,9 @@ struct Run<'hooks> {
     py_spy: Option<PathBuf>,
     /// Footprint scans so far (every 10th also scans process groups).
     scans: u64,
+    /// Candidate shm files with when they were first seen, and pids whose maps were read.
+    shm_seen: std::collections::BTreeMap<PathBuf, Instant>,
+    maps_read: std::collections::HashSet<i32>,
 }
 
 /// How long an exit waits for the replica's pipes to close (to read its last lines).

@@ -383,10 +383,24 @@ impl Run<'_> {
         if self.scans % 10 == 1 {
             pids.extend(procfs::job_tree(&groups));
         }
+        // Maps are read for every pid while a candidate file is new, else only for pids not
+        // read yet (a new process may have inherited a mapping).
         let candidates = self.unattributed_shm_files();
+        // A candidate counts as new for 3 s: its creator may map it just after creating it.
+        let now = Instant::now();
+        let new_candidate = candidates.iter().any(|path| {
+            let first_seen = *self.shm_seen.entry(path.clone()).or_insert(now);
+            now.duration_since(first_seen) < Duration::from_secs(3)
+        });
+        if new_candidate && self.scans % 10 != 1 {
+            // The whole tree now, not the sampler's view of up to a tick ago: the file's
+            // creator may be short-lived.
+            pids.extend(procfs::job_tree(&groups));
+        }
         for pid in pids {
             self.footprint.pids.insert(pid);
-            if candidates {
+            let fresh = self.maps_read.insert(pid);
+            if !candidates.is_empty() && (new_candidate || fresh) {
                 for path in procfs::mapped_shm(pid) {
                     self.footprint.mapped.insert(PathBuf::from(path));
                 }
@@ -394,21 +408,25 @@ impl Run<'_> {
         }
     }
 
-    /// Whether the shm directory holds a file of ours that clean-up could take and that no
-    /// process of the job is known to map yet.
-    fn unattributed_shm_files(&self) -> bool {
+    /// The files in the shm directory that clean-up could take (ours, `sem.mp-*` or
+    /// `torch_*`) and that no process of the job is known to map yet.
+    fn unattributed_shm_files(&self) -> Vec<PathBuf> {
         use std::os::unix::fs::MetadataExt;
         let Ok(entries) = std::fs::read_dir(&self.options.shm_dir) else {
-            return false;
+            return Vec::new();
         };
         let uid = nix::unistd::getuid().as_raw();
-        entries.filter_map(Result::ok).any(|entry| {
-            let name = entry.file_name();
-            let name = name.to_string_lossy();
-            (name.starts_with("sem.mp-") || name.starts_with("torch_"))
-                && !self.footprint.mapped.contains(&entry.path())
-                && entry.metadata().is_ok_and(|meta| meta.uid() == uid)
-        })
+        entries
+            .filter_map(Result::ok)
+            .filter(|entry| {
+                let name = entry.file_name();
+                let name = name.to_string_lossy();
+                (name.starts_with("sem.mp-") || name.starts_with("torch_"))
+                    && !self.footprint.mapped.contains(&entry.path())
+                    && entry.metadata().is_ok_and(|meta| meta.uid() == uid)
+            })
+            .map(|entry| entry.path())
+            .collect()
     }
 
     fn sample_gpu(&mut self) {
