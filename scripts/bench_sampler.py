@@ -121,9 +121,10 @@ def section(args):
         f"The supervisor process of `gpuvisor run` (all its threads; not the keepers or replicas) while "
         f"{replicas} GPU replicas (`sleep`, shim and ledger in place, {2 * replicas} processes) run, with "
         "`stall_after = \"10s\"`. At 100 ms each tick reads the simulator's state file, the ledger and "
-        "/proc/PID/stat of every process of the job, checks the policies, appends to `samples/` and "
-        "updates the snapshot that the control socket and metrics serve; at 60 s the sampler is idle, "
-        "which leaves the rest of the supervisor (event loop, 1 s process-tree scans, log pump).", "",
+        "/proc/PID/schedstat of every process of the job (their stat and children lists every 2 s), "
+        "checks the policies, appends to `samples/` and updates the snapshot that the control socket "
+        "and metrics serve; at 60 s the sampler ticks about once in the window, which leaves the rest "
+        "of the supervisor (event loop, clean-up footprint every 1 s, log pump).", "",
         "| sample interval | supervisor CPU (% of one core) | RSS at the end (MiB) | peak RSS (MiB) | stall events | samples/ size |",
         "|---|---|---|---|---|---|",
     ]
