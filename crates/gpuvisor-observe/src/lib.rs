@@ -14,4 +14,8 @@
 
 pub mod doctor;
 pub mod explain;
+pub mod report;
+pub mod run_explain;
+pub mod run_memory;
+pub mod run_record;
 pub mod size_text;

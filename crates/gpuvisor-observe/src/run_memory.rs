@@ -1,0 +1,211 @@
+//! Who held how much GPU memory, and when, in a recorded run: the run's samples turned into one
+//! series per GPU, stacked by replica, shared by `explain RUN` and the HTML report.
+//!
+//! A replica's figure is the shim's ledger when it has one (exact), else what the GPU source
+//! saw. It counts only while the replica lived (from its `start` to its `exit` event): a
+//! sample can still carry a dead replica's last figure until the ledger reaps it, and a dead
+//! process holds nothing. A replica on several GPUs is counted evenly on each (samples keep one
+//! figure per replica).
+
+use std::collections::HashMap;
+
+use crate::run_record::{RunRecord, RunSamples};
+
+/// One replica's band in a GPU's stack.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Layer {
+    /// Its label (`actor[2]`).
+    pub label: String,
+    /// Its index in the plan.
+    pub replica_index: usize,
+    /// Its budget on this GPU, bytes.
+    pub budget_bytes: u64,
+    /// Bytes held at each time of [`MemorySeries::times_unix_ms`].
+    pub bytes: Vec<u64>,
+}
+
+/// One GPU's memory over the run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GpuSeries {
+    /// The GPU's index in the plan.
+    pub gpu_index: u32,
+    /// Its name.
+    pub name: String,
+    /// Memory size, bytes.
+    pub total_bytes: u64,
+    /// The job's replicas on it, in plan order.
+    pub layers: Vec<Layer>,
+    /// Memory held by others (GPU use the job's replicas do not account for), when the samples
+    /// carry the GPU's own figure.
+    pub other_bytes: Option<Vec<u64>>,
+}
+
+/// Every GPU's memory over the run.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct MemorySeries {
+    /// Sample times, Unix ms.
+    pub times_unix_ms: Vec<u64>,
+    /// One per GPU of the plan.
+    pub gpus: Vec<GpuSeries>,
+    /// Peak bytes per plan replica (per GPU), over samples and the ledger's denial figures.
+    pub peak_bytes: Vec<u64>,
+}
+
+/// What a GPU held at one moment.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Holding {
+    /// Replica label.
+    pub label: String,
+    /// Bytes held.
+    pub bytes: u64,
+    /// Its budget, bytes.
+    pub budget_bytes: u64,
+}
+
+impl MemorySeries {
+    /// The series of a run; empty times when the run has no samples.
+    pub fn of(record: &RunRecord) -> MemorySeries {
+        let mut peak_bytes = vec![0u64; record.plan.replicas.len()];
+        for event in record.events.iter().filter(|e| e.kind == "denial") {
+            let index = event
+                .label
+                .as_deref()
+                .and_then(|label| record.plan.replicas.iter().position(|r| r.label() == label));
+            if let (Some(index), Some(used)) = (index, event.number("used_bytes")) {
+                peak_bytes[index] = peak_bytes[index].max(used);
+            }
+        }
+        let Some(samples) = &record.samples else {
+            return MemorySeries {
+                peak_bytes,
+                ..MemorySeries::default()
+            };
+        };
+        let per_replica = replica_bytes(record, samples);
+        for (index, row) in per_replica.iter().enumerate() {
+            let gpus = record.plan.replicas[index].gpus.len().max(1) as u64;
+            let peak = row.iter().copied().max().unwrap_or(0) / gpus;
+            peak_bytes[index] = peak_bytes[index].max(peak);
+        }
+        let gpus = record
+            .plan
+            .gpus
+            .iter()
+            .map(|gpu| {
+                let layers: Vec<Layer> = record
+                    .plan
+                    .replicas
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, r)| r.gpus.iter().any(|placed| placed.index == gpu.index))
+                    .map(|(index, replica)| {
+                        let share = replica.gpus.len().max(1) as u64;
+                        Layer {
+                            label: replica.label(),
+                            replica_index: index,
+                            budget_bytes: replica.budget_bytes,
+                            bytes: per_replica[index].iter().map(|b| b / share).collect(),
+                        }
+                    })
+                    .collect();
+                let row = samples
+                    .header
+                    .gpus
+                    .iter()
+                    .position(|uuid| !uuid.is_empty() && *uuid == gpu.uuid);
+                let other_bytes = row.map(|row| {
+                    samples
+                        .records
+                        .iter()
+                        .enumerate()
+                        .map(|(at, record)| {
+                            let used = record.gpus.get(row).map_or(0, |g| g.used_bytes);
+                            let job: u64 = layers.iter().map(|layer| layer.bytes[at]).sum();
+                            used.saturating_sub(job)
+                        })
+                        .collect()
+                });
+                GpuSeries {
+                    gpu_index: gpu.index,
+                    name: gpu.name.clone(),
+                    total_bytes: gpu.total_bytes,
+                    layers,
+                    other_bytes,
+                }
+            })
+            .collect();
+        MemorySeries {
+            times_unix_ms: samples.records.iter().map(|r| r.time_unix_ms).collect(),
+            gpus,
+            peak_bytes,
+        }
+    }
+
+    /// The sample in force at `unix_ms` (the last one taken at or before it).
+    pub fn sample_at(&self, unix_ms: u64) -> Option<usize> {
+        let after = self.times_unix_ms.partition_point(|&t| t <= unix_ms);
+        after.checked_sub(1)
+    }
+
+    /// What GPU `gpu_index` held at `unix_ms`, per replica (empty without samples).
+    pub fn holdings(&self, gpu_index: u32, unix_ms: u64) -> (Vec<Holding>, Option<u64>) {
+        let (Some(at), Some(gpu)) = (
+            self.sample_at(unix_ms),
+            self.gpus.iter().find(|g| g.gpu_index == gpu_index),
+        ) else {
+            return (Vec::new(), None);
+        };
+        let holdings = gpu
+            .layers
+            .iter()
+            .map(|layer| Holding {
+                label: layer.label.clone(),
+                bytes: layer.bytes[at],
+                budget_bytes: layer.budget_bytes,
+            })
+            .collect();
+        let other = gpu.other_bytes.as_ref().map(|other| other[at]);
+        (holdings, other)
+    }
+}
+
+/// Bytes per plan replica per record (summed over its GPUs), zero outside its lives.
+fn replica_bytes(record: &RunRecord, samples: &RunSamples) -> Vec<Vec<u64>> {
+    let rows: HashMap<&str, usize> = samples
+        .header
+        .replicas
+        .iter()
+        .enumerate()
+        .map(|(row, label)| (label.as_str(), row))
+        .collect();
+    let span_ms = samples.header.interval_ms.max(1);
+    record
+        .plan
+        .replicas
+        .iter()
+        .map(|replica| {
+            let label = replica.label();
+            let lives = record.lives(&label);
+            let row = rows.get(label.as_str()).copied();
+            samples
+                .records
+                .iter()
+                .map(|sample| {
+                    let Some(point) = row.and_then(|row| sample.replicas.get(row)) else {
+                        return 0;
+                    };
+                    let from = sample.time_unix_ms;
+                    let to = from + span_ms * u64::from(sample.ticks.max(1));
+                    let alive = lives
+                        .iter()
+                        .any(|&(start, end)| start <= to && end.is_none_or(|end| end >= from));
+                    if alive {
+                        point.ledger_bytes.unwrap_or(point.gpu_bytes)
+                    } else {
+                        0
+                    }
+                })
+                .collect()
+        })
+        .collect()
+}
