@@ -96,7 +96,7 @@ fn samples(until_ms: u64) -> RunSamples {
             ],
         })
         .collect();
-    Some(RunSamples { header, records }).unwrap()
+    RunSamples { header, records }
 }
 
 #[test]
