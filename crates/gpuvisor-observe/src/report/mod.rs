@@ -279,6 +279,7 @@ fn findings(out: &mut String, explanation: &RunExplanation, logs: &[LogReport]) 
             );
         }
         out.push_str("<ol>");
+        let mut previous_held: Option<&str> = None;
         for &index in &chain.incidents {
             let incident = &explanation.incidents[index];
             let _ = write!(
@@ -292,11 +293,15 @@ fn findings(out: &mut String, explanation: &RunExplanation, logs: &[LogReport]) 
                 let _ = write!(out, "<span class=\"why\">because {}</span>", esc(because));
             }
             if let (Some(held), Some(gpu)) = (&incident.held, incident.gpu) {
-                let _ = write!(
-                    out,
-                    "<span class=\"held\">GPU {gpu} held: {}</span>",
-                    esc(held)
-                );
+                // As in the terminal: the same picture as the line before is not repeated.
+                if previous_held != Some(held.as_str()) {
+                    let _ = write!(
+                        out,
+                        "<span class=\"held\">GPU {gpu} held: {}</span>",
+                        esc(held)
+                    );
+                }
+                previous_held = Some(held);
             }
             out.push_str("</li>");
         }
