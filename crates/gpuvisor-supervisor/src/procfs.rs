@@ -106,6 +106,21 @@ pub fn children(pid: i32) -> Vec<i32> {
     }
 }
 
+/// Direct children of a single-threaded `pid` (its one children list: 3 system calls), or of
+/// any process through [`children`].
+pub fn children_of(pid: i32, threads: u32) -> Vec<i32> {
+    if threads != 1 {
+        return children(pid);
+    }
+    match fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")) {
+        Ok(text) => text
+            .split_whitespace()
+            .filter_map(|word| word.parse().ok())
+            .collect(),
+        Err(_) => children(pid),
+    }
+}
+
 /// Resident memory of `pid` in bytes (VmRSS).
 pub fn rss_bytes(pid: i32) -> Option<u64> {
     let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
@@ -147,6 +162,8 @@ pub struct ProcSample {
     pub start_ticks: u64,
     /// Resident pages.
     pub rss_pages: u64,
+    /// Threads.
+    pub threads: u32,
 }
 
 /// Clock ticks per second in /proc (USER_HZ: fixed at 100 for user space on Linux).
@@ -166,6 +183,7 @@ pub fn parse_sample(text: &str) -> Option<ProcSample> {
         cpu_ticks: number(11)? + number(12)?,
         start_ticks: number(19)?,
         rss_pages: number(21)?,
+        threads: number(17)? as u32,
     })
 }
 
@@ -179,20 +197,33 @@ pub fn alive(pid: i32) -> bool {
     stat_sample(pid).is_some_and(|sample| !matches!(sample.state, 'Z' | 'X'))
 }
 
-/// Reads /proc/PID/stat of many processes repeatedly, cheaply: each file stays open and is
-/// re-read from offset 0 (one `pread` per process per tick instead of open/read/close). An
-/// open stat file keeps naming its process: once that process is gone the read fails, so a
-/// reused pid is never mistaken for it.
-#[derive(Debug, Default)]
+/// Reads one /proc/PID file (`stat`, `schedstat`) of many processes repeatedly, cheaply: each
+/// file stays open and is re-read from offset 0 (one `pread` per process per tick instead of
+/// open/read/close). An open file keeps naming its process: once that process is gone the
+/// read fails, so a reused pid is never mistaken for it.
+#[derive(Debug)]
 pub struct StatReader {
+    name: &'static str,
     files: std::collections::HashMap<i32, fs::File>,
     buffer: Vec<u8>,
 }
 
+impl Default for StatReader {
+    fn default() -> StatReader {
+        StatReader::new()
+    }
+}
+
 impl StatReader {
-    /// An empty reader.
+    /// A reader of /proc/PID/stat.
     pub fn new() -> StatReader {
+        StatReader::for_file("stat")
+    }
+
+    /// A reader of /proc/PID/`name`.
+    pub fn for_file(name: &'static str) -> StatReader {
         StatReader {
+            name,
             files: std::collections::HashMap::new(),
             buffer: vec![0; 1024],
         }
@@ -200,17 +231,24 @@ impl StatReader {
 
     /// The stat of `pid` now; `None` (and the file closed) when it is gone.
     pub fn read(&mut self, pid: i32) -> Option<ProcSample> {
+        self.read_with(pid, parse_sample)
+    }
+
+    /// The file of `pid` now, parsed by `parse`; `None` (and the file closed) when it is gone
+    /// or does not parse.
+    pub fn read_with<T>(&mut self, pid: i32, parse: impl Fn(&str) -> Option<T>) -> Option<T> {
         use std::os::unix::fs::FileExt;
+        let name = self.name;
         let file = match self.files.entry(pid) {
             std::collections::hash_map::Entry::Occupied(entry) => entry.into_mut(),
             std::collections::hash_map::Entry::Vacant(entry) => {
-                entry.insert(fs::File::open(format!("/proc/{pid}/stat")).ok()?)
+                entry.insert(fs::File::open(format!("/proc/{pid}/{name}")).ok()?)
             }
         };
         let parsed = match file.read_at(&mut self.buffer, 0) {
             Ok(count) if count > 0 => std::str::from_utf8(&self.buffer[..count])
                 .ok()
-                .and_then(parse_sample),
+                .and_then(parse),
             _ => None,
         };
         if parsed.is_none() {
@@ -228,6 +266,12 @@ impl StatReader {
     pub fn open_files(&self) -> usize {
         self.files.len()
     }
+}
+
+/// CPU time in nanoseconds from the text of /proc/PID/schedstat (its first field): far
+/// cheaper for the kernel to produce than /proc/PID/stat.
+pub fn parse_schedstat_ns(text: &str) -> Option<u64> {
+    text.split_whitespace().next()?.parse().ok()
 }
 
 /// The command line of `pid`, arguments joined by spaces (empty if unreadable).
@@ -272,6 +316,7 @@ mod tests {
         assert_eq!(sample.cpu_ticks, 300);
         assert_eq!(sample.start_ticks, 9876);
         assert_eq!(sample.rss_pages, 321);
+        assert_eq!(sample.threads, 3);
     }
 
     #[test]
@@ -285,6 +330,8 @@ mod tests {
         let first = reader.read(pid).unwrap();
         assert_eq!(first.ppid, std::process::id() as i32);
         assert_eq!(reader.read(pid).unwrap().start_ticks, first.start_ticks);
+        let mut sched = StatReader::for_file("schedstat");
+        assert!(sched.read_with(pid, parse_schedstat_ns).is_some());
         // Right after the fork the child may not have exec'd yet.
         let mut command = String::new();
         for _ in 0..200 {

@@ -306,10 +306,10 @@ pub fn supervise(
             })?;
     }
     let latest: crate::metrics::SharedSnapshot = Arc::default();
-    if let Some(address) = options.metrics {
-        let bound = crate::metrics::serve(address, false, Arc::clone(&latest))?;
-        events.write(&Event::new("metrics").with("address", bound.to_string()));
-    }
+    let metrics_address = match options.metrics {
+        Some(address) => Some(crate::metrics::serve(address, false, Arc::clone(&latest))?),
+        None => None,
+    };
     let sampler_interval = options.sampler_interval.max(Duration::from_millis(50));
     let sampler = crate::sampler::Sampler::new(
         &options.job,
@@ -370,6 +370,10 @@ pub fn supervise(
             .with("pid", std::process::id())
             .with("replicas", run.specs.len()),
     );
+    if let Some(address) = metrics_address {
+        run.events
+            .write(&Event::new("metrics").with("address", address.to_string()));
+    }
     let mut status = run.main_loop(&receiver);
     if let (0, Some(signal)) = (status, run.first_signal) {
         // Stopped by a signal with nothing failed: say so, as shells do (130 for SIGINT).
