@@ -43,12 +43,25 @@ fn a_real_run_renders_to_one_self_contained_page() {
     assert!(html.starts_with("<!DOCTYPE html>"));
     assert_self_contained(&html);
     assert!(html.len() < 200 * 1024, "{} bytes", html.len());
-    // One memory chart for the GPU, a band per process that held memory (sim, learner, actor).
+    // One memory chart for the GPU, a band per process that held memory (sim, learner, actor),
+    // the job's contexts beyond the ledger, and the 1 GiB held outside the job.
     assert_eq!(html.matches("<svg class=\"chart memory\"").count(), 1);
-    assert_eq!(html.matches("<path class=\"band\"").count(), 3, "{html}");
+    assert_eq!(html.matches("<path class=\"band\"").count(), 5, "{html}");
+    for title in [
+        "<title>sim: peak 6.0 GiB of 8.0 GiB budget",
+        "<title>learner: peak 3.0 GiB of 4.0 GiB budget",
+        "<title>outside the job: peak 1.0 GiB",
+    ] {
+        assert!(html.contains(title), "no `{title}`");
+    }
     assert!(html.contains("learner budget"));
-    // Lives on the timeline: sim once, learner twice, each actor twice.
-    assert_eq!(html.matches("<rect class=\"life").count(), 1 + 2 + 3 * 2);
+    // Lives on the timeline: one bar per start in the record.
+    let starts = std::fs::read_to_string(run.join("events.jsonl"))
+        .unwrap()
+        .matches("\"kind\":\"start\"")
+        .count();
+    assert!(starts >= 1 + 2 + 3 * 2, "{starts}");
+    assert_eq!(html.matches("<rect class=\"life").count(), starts);
     assert!(html.contains("exit status 1"));
     assert!(html.contains("Chain 1: started by learner"));
     assert!(html.contains("CUDA out of memory (over its budget)"));
@@ -86,13 +99,13 @@ fn the_recorded_run_renders_in_headless_chromium() {
     let page = dir.path().join("report.html");
     let html = report(&package_dir().join(FIXTURE), &page);
     assert_self_contained(&html);
-    // The fixture has the GPU's own figure, so the "outside the job" band is drawn too.
-    assert_eq!(html.matches("<path class=\"band\"").count(), 4);
+    // sim, learner, actor, the job's contexts, outside the job.
+    assert_eq!(html.matches("<path class=\"band\"").count(), 5);
 
     let (dom, log) = headless(&chromium, dir.path(), &page, &["--dump-dom"]);
     assert_eq!(console_errors(&log), Vec::<String>::new(), "{log}");
     assert!(dom.contains("<svg class=\"chart memory\""), "{dom}");
-    assert!(dom.matches("<path class=\"band\"").count() == 4, "{dom}");
+    assert!(dom.matches("<path class=\"band\"").count() == 5, "{dom}");
     assert!(dom.contains("<rect class=\"life failed\""), "{dom}");
 
     // The screenshot: kept under target/tmp for a look; a PNG of the window's size with more

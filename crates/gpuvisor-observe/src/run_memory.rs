@@ -1,8 +1,10 @@
 //! Who held how much GPU memory, and when, in a recorded run: the run's samples turned into one
 //! series per GPU, stacked by replica, shared by `explain RUN` and the HTML report.
 //!
-//! A replica's figure is the shim's ledger when it has one (exact), else what the GPU source
-//! saw. It counts only while the replica lived (from its `start` to its `exit` event): a
+//! A replica's figure is the shim's ledger when it has one (exact, and what its budget is
+//! measured against), else what the GPU source saw. What the GPU source saw of a replica beyond
+//! its ledger figure (CUDA contexts, library workspaces) is the job's overhead, kept apart so
+//! it is neither counted against budgets nor blamed on processes outside the job. It counts only while the replica lived (from its `start` to its `exit` event): a
 //! sample can still carry a dead replica's last figure until the ledger reaps it, and a dead
 //! process holds nothing. A replica on several GPUs is counted evenly on each (samples keep one
 //! figure per replica).
@@ -35,6 +37,9 @@ pub struct GpuSeries {
     pub total_bytes: u64,
     /// The job's replicas on it, in plan order.
     pub layers: Vec<Layer>,
+    /// What the GPU source saw of the job's replicas beyond their ledger figures (CUDA
+    /// contexts and the like), when any.
+    pub overhead_bytes: Option<Vec<u64>>,
     /// Memory held by others (GPU use the job's replicas do not account for), when the samples
     /// carry the GPU's own figure.
     pub other_bytes: Option<Vec<u64>>,
@@ -81,7 +86,7 @@ impl MemorySeries {
                 ..MemorySeries::default()
             };
         };
-        let per_replica = replica_bytes(record, samples);
+        let (per_replica, beyond_ledger, seen) = replica_bytes(record, samples);
         for (index, row) in per_replica.iter().enumerate() {
             let gpus = record.plan.replicas[index].gpus.len().max(1) as u64;
             let peak = row.iter().copied().max().unwrap_or(0) / gpus;
@@ -108,6 +113,22 @@ impl MemorySeries {
                         }
                     })
                     .collect();
+                let shares: Vec<(usize, u64)> = layers
+                    .iter()
+                    .map(|layer| {
+                        let replica = &record.plan.replicas[layer.replica_index];
+                        (layer.replica_index, replica.gpus.len().max(1) as u64)
+                    })
+                    .collect();
+                let sum_of = |rows: &[Vec<u64>], at: usize| -> u64 {
+                    shares
+                        .iter()
+                        .map(|&(index, share)| rows[index][at] / share)
+                        .sum()
+                };
+                let overhead: Vec<u64> = (0..samples.records.len())
+                    .map(|at| sum_of(&beyond_ledger, at))
+                    .collect();
                 let row = samples
                     .header
                     .gpus
@@ -119,9 +140,10 @@ impl MemorySeries {
                         .iter()
                         .enumerate()
                         .map(|(at, record)| {
+                            // The GPU's figure against what was seen of the job (each
+                            // replica's larger figure: ledger or GPU source).
                             let used = record.gpus.get(row).map_or(0, |g| g.used_bytes);
-                            let job: u64 = layers.iter().map(|layer| layer.bytes[at]).sum();
-                            used.saturating_sub(job)
+                            used.saturating_sub(sum_of(&seen, at))
                         })
                         .collect()
                 });
@@ -130,6 +152,7 @@ impl MemorySeries {
                     name: gpu.name.clone(),
                     total_bytes: gpu.total_bytes,
                     layers,
+                    overhead_bytes: overhead.iter().any(|&b| b > 0).then_some(overhead),
                     other_bytes,
                 }
             })
@@ -147,13 +170,14 @@ impl MemorySeries {
         after.checked_sub(1)
     }
 
-    /// What GPU `gpu_index` held at `unix_ms`, per replica (empty without samples).
-    pub fn holdings(&self, gpu_index: u32, unix_ms: u64) -> (Vec<Holding>, Option<u64>) {
+    /// What GPU `gpu_index` held at `unix_ms`: per replica (empty without samples), and the
+    /// job's overhead and memory outside the job when known.
+    pub fn holdings(&self, gpu_index: u32, unix_ms: u64) -> GpuHoldings {
         let (Some(at), Some(gpu)) = (
             self.sample_at(unix_ms),
             self.gpus.iter().find(|g| g.gpu_index == gpu_index),
         ) else {
-            return (Vec::new(), None);
+            return GpuHoldings::default();
         };
         let holdings = gpu
             .layers
@@ -164,13 +188,30 @@ impl MemorySeries {
                 budget_bytes: layer.budget_bytes,
             })
             .collect();
-        let other = gpu.other_bytes.as_ref().map(|other| other[at]);
-        (holdings, other)
+        GpuHoldings {
+            replicas: holdings,
+            overhead_bytes: gpu.overhead_bytes.as_ref().map(|bytes| bytes[at]),
+            other_bytes: gpu.other_bytes.as_ref().map(|bytes| bytes[at]),
+        }
     }
 }
 
-/// Bytes per plan replica per record (summed over its GPUs), zero outside its lives.
-fn replica_bytes(record: &RunRecord, samples: &RunSamples) -> Vec<Vec<u64>> {
+/// What one GPU held at one moment.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct GpuHoldings {
+    /// Per replica of the job on it.
+    pub replicas: Vec<Holding>,
+    /// The job's overhead beyond the ledger (contexts), when known.
+    pub overhead_bytes: Option<u64>,
+    /// Held outside the job, when known.
+    pub other_bytes: Option<u64>,
+}
+
+/// Per plan replica per record (summed over its GPUs), zero outside its lives: its figure,
+/// what the GPU source saw of it beyond its ledger figure, and the larger of the two figures.
+type ReplicaRows = (Vec<Vec<u64>>, Vec<Vec<u64>>, Vec<Vec<u64>>);
+
+fn replica_bytes(record: &RunRecord, samples: &RunSamples) -> ReplicaRows {
     let rows: HashMap<&str, usize> = samples
         .header
         .replicas
@@ -179,7 +220,7 @@ fn replica_bytes(record: &RunRecord, samples: &RunSamples) -> Vec<Vec<u64>> {
         .map(|(row, label)| (label.as_str(), row))
         .collect();
     let span_ms = samples.header.interval_ms.max(1);
-    record
+    let all: Vec<Vec<(u64, u64, u64)>> = record
         .plan
         .replicas
         .iter()
@@ -192,20 +233,32 @@ fn replica_bytes(record: &RunRecord, samples: &RunSamples) -> Vec<Vec<u64>> {
                 .iter()
                 .map(|sample| {
                     let Some(point) = row.and_then(|row| sample.replicas.get(row)) else {
-                        return 0;
+                        return (0, 0, 0);
                     };
                     let from = sample.time_unix_ms;
                     let to = from + span_ms * u64::from(sample.ticks.max(1));
                     let alive = lives
                         .iter()
                         .any(|&(start, end)| start <= to && end.is_none_or(|end| end >= from));
-                    if alive {
-                        point.ledger_bytes.unwrap_or(point.gpu_bytes)
-                    } else {
-                        0
+                    let gpu = point.gpu_bytes;
+                    match (alive, point.ledger_bytes) {
+                        (false, _) => (0, 0, 0),
+                        // Seen: the larger figure. A GPU source that cannot attribute processes
+                        // (an empty process table in a container) must not put the job's
+                        // memory outside it.
+                        (true, Some(ledger)) => {
+                            (ledger, gpu.saturating_sub(ledger), gpu.max(ledger))
+                        }
+                        (true, None) => (gpu, 0, gpu),
                     }
                 })
                 .collect()
         })
-        .collect()
+        .collect();
+    let column = |pick: fn(&(u64, u64, u64)) -> u64| -> Vec<Vec<u64>> {
+        all.iter()
+            .map(|row| row.iter().map(pick).collect())
+            .collect()
+    };
+    (column(|t| t.0), column(|t| t.1), column(|t| t.2))
 }

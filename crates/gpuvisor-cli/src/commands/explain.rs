@@ -2,7 +2,7 @@
 //! a run directory, first the run's chains of failures with who held the memory then.
 
 use std::fs::File;
-use std::io::{self, IsTerminal};
+use std::io::{self, IsTerminal, Write};
 use std::path::Path;
 use std::process::ExitCode;
 
@@ -40,17 +40,20 @@ pub fn run(args: ExplainArgs) -> Result<ExitCode, Failure> {
             Some(run) => serde_json::json!({ "run": run, "reports": reports }),
             None => serde_json::json!({ "reports": reports }),
         };
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&json).map_err(Failure::unavailable)?
-        );
+        let text = serde_json::to_string_pretty(&json).map_err(Failure::unavailable)?;
+        emit(&format!("{text}\n"));
     } else {
         if let Some(run) = &run {
-            println!("{}", render_run(run));
+            emit(&format!("{}\n", render_run(run)));
         }
-        print!("{}", render(&reports));
+        emit(&render(&reports));
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Writes to standard output; a reader that went away (`| head`) is not an error.
+fn emit(text: &str) {
+    let _ = io::stdout().lock().write_all(text.as_bytes());
 }
 
 /// The run's explanation when `input` is a run directory (by path or by name under runs/).

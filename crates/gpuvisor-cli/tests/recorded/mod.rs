@@ -42,15 +42,17 @@ pub fn hello_run(dir: &Path) -> PathBuf {
     run
 }
 
-/// A learner that asks for more than its budget and dies of it; three actors after it exit
-/// when it is gone (they watch a file it leaves behind); the learner is restarted once, fails
-/// again and gives up. Returns the run directory (`dir/run`); gpuvisor exits 1.
+/// A learner that asks for more than its budget and dies of it; three actors after it hold
+/// their memory until it is gone (a file it leaves behind), then exit; the learner is restarted
+/// once, fails again and gives up. 1 GiB of the simulated GPU is held outside the job. Returns
+/// the run directory (`dir/run`); gpuvisor exits 1.
 pub fn chain_run(dir: &Path) -> PathBuf {
     let program = linked().display().to_string();
     let job = format!(
         r#"
 [job]
 name = "chain"
+sample_interval = "100ms"
 
 [process.sim]
 command = ["{program}", "init", "ctx", "0", "alloc", "6GiB", "sleep", "30000"]
@@ -65,7 +67,7 @@ after = ["sim"]
 restart = {{ policy = "on-failure", max_restarts = 1, backoff = "500ms" }}
 
 [process.actor]
-command = ["sh", "-c", "rm -f learner.dead; {program} init ctx 0 alloc 512MiB sleep 200 alloc 256MiB; while [ ! -e learner.dead ]; do sleep 0.05; done; echo 'ConnectionResetError: [Errno 104] Connection reset by peer' >&2; exit 1"]
+command = ["sh", "-c", "rm -f learner.dead; {program} init ctx 0 alloc 512MiB sleep 200 alloc 256MiB wait-file learner.dead; echo 'ConnectionResetError: [Errno 104] Connection reset by peer' >&2; exit 1"]
 framework = "cuda"
 replicas = 3
 memory = "1GiB"
@@ -77,7 +79,13 @@ restart = {{ policy = "on-failure", max_restarts = 3, backoff = "300ms" }}
     let run = dir.join("run");
     let output = gpuvisor()
         .current_dir(dir)
-        .args(["run", "job.toml", "--simulate", "1x24GiB", "--quiet"])
+        .args([
+            "run",
+            "job.toml",
+            "--simulate",
+            "1x24GiB:used=1GiB",
+            "--quiet",
+        ])
         .arg("--run-dir")
         .arg(&run)
         .output()

@@ -9,7 +9,10 @@ use std::fmt::Write;
 
 use gpuvisor_core::size::ByteSize;
 
-use self::svg::{colour, is_failure_exit, memory_chart, timeline_chart, TimeAxis};
+use self::svg::{
+    colour, is_failure_exit, memory_chart, timeline_chart, TimeAxis, OUTSIDE_COLOUR,
+    OVERHEAD_COLOUR,
+};
 use crate::explain::Report as LogReport;
 use crate::run_explain::RunExplanation;
 use crate::run_memory::MemorySeries;
@@ -185,8 +188,17 @@ fn legend(out: &mut String, gpu: &crate::run_memory::GpuSeries, processes: &[Str
             esc(process)
         );
     }
+    if gpu.overhead_bytes.is_some() {
+        let _ = write!(
+            out,
+            "<span><i style=\"background:{OVERHEAD_COLOUR}\"></i>the job's CUDA contexts (beyond the ledger)</span>"
+        );
+    }
     if gpu.other_bytes.is_some() {
-        out.push_str("<span><i style=\"background:#9aa0a6\"></i>outside the job</span>");
+        let _ = write!(
+            out,
+            "<span><i style=\"background:{OUTSIDE_COLOUR}\"></i>outside the job</span>"
+        );
     }
     out.push_str("<span><i class=\"line\"></i>budget (stacked)</span><span><i class=\"ev\" style=\"background:#cf222e\"></i>refusal / failure</span><span><i class=\"ev\" style=\"background:#bf8700\"></i>restart</span></div>");
 }

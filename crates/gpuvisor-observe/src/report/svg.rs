@@ -21,6 +21,11 @@ const PALETTE: [&str; 10] = [
     "#e15759", "#bab0ac",
 ];
 
+/// The band of the job's memory beyond the ledger.
+pub const OVERHEAD_COLOUR: &str = "#d4c4a8";
+/// The band of memory held outside the job.
+pub const OUTSIDE_COLOUR: &str = "#9aa0a6";
+
 /// The colour of the n-th process.
 pub fn colour(index: usize) -> &'static str {
     PALETTE[index % PALETTE.len()]
@@ -105,10 +110,18 @@ pub fn memory_chart(
             }),
         }
     }
+    if let Some(overhead) = &gpu.overhead_bytes {
+        bands.push(Band {
+            process: "the job's CUDA contexts (beyond the ledger)".into(),
+            colour: OVERHEAD_COLOUR,
+            budget_bytes: 0,
+            bytes: overhead.clone(),
+        });
+    }
     if let Some(other) = &gpu.other_bytes {
         bands.push(Band {
             process: "outside the job".into(),
-            colour: "#9aa0a6",
+            colour: OUTSIDE_COLOUR,
             budget_bytes: 0,
             bytes: other.clone(),
         });

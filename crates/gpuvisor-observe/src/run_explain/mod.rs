@@ -23,6 +23,10 @@ use crate::run_record::{clock_ms, process_of, RunEvent, RunRecord};
 /// consequence (a reconnect that fails at once).
 const READY_GRACE_MS: u64 = 2_000;
 
+/// An upstream failure this soon after a dependant's still explains it: both died together and
+/// the upstream's was recorded later.
+const UPSTREAM_LOOKAHEAD_MS: u64 = 1_000;
+
 /// What kind of failure an incident is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -77,6 +81,8 @@ pub struct Incident {
     pub gpu: Option<u32>,
     /// Who held that GPU's memory then (empty when unknown).
     pub holders: Vec<Holder>,
+    /// The job's memory beyond the ledger's figures (CUDA contexts), when known.
+    pub overhead_bytes: Option<u64>,
     /// Memory held by processes outside the job, when known.
     pub other_bytes: Option<u64>,
     /// The held memory as one line (`sim 37.1 GiB, learner 23.8 of 24.0 GiB, actor 4 × 2.4 GiB`).
@@ -120,35 +126,64 @@ pub struct RunExplanation {
 /// Explains a run.
 pub fn explain_run(record: &RunRecord) -> RunExplanation {
     let memory = MemorySeries::of(record);
-    let mut incidents: Vec<Incident> = Vec::new();
+    let mut found: Vec<(usize, Incident)> = Vec::new();
     for (at, event) in record.events.iter().enumerate() {
         let Some((kind, what)) = incident_of(event) else {
             continue;
         };
         let label = event.label.clone().unwrap_or_default();
         let gpu = gpu_of(record, event, kind);
+        let time_unix_ms = happened_at(&record.events[..at], event);
         let mut incident = Incident {
-            time: clock_ms(event.time_unix_ms),
-            time_unix_ms: event.time_unix_ms,
+            time: clock_ms(time_unix_ms),
+            time_unix_ms,
             replica: label,
             kind,
             what,
             gpu,
             holders: Vec::new(),
+            overhead_bytes: None,
             other_bytes: None,
             held: None,
             caused_by: None,
             because: None,
         };
         if let Some(gpu) = gpu {
-            held_at(&memory, event, gpu, &mut incident);
+            held_at(&memory, event, gpu, time_unix_ms, &mut incident);
         }
-        let cause = cause_of(record, &record.events[..at], event, &incidents);
-        if let Some((index, because)) = cause {
-            incident.caused_by = Some(index);
-            incident.because = Some(because);
+        found.push((at, incident));
+    }
+    // In the order things happened, not the order they were recorded: an exit is recorded when
+    // its pipes close (up to 500 ms after the death), a refusal when the ledger is next read;
+    // a refusal happened before the exit of its life, whatever the record says.
+    for denial in 0..found.len() {
+        if found[denial].1.kind != IncidentKind::Denial {
+            continue;
         }
-        incidents.push(incident);
+        let (at, label) = (found[denial].0, found[denial].1.replica.clone());
+        let exit = record.events[at..]
+            .iter()
+            .take_while(|e| !(e.kind == "start" && e.label.as_deref() == Some(label.as_str())))
+            .position(|e| e.kind == "exit" && e.label.as_deref() == Some(label.as_str()))
+            .map(|offset| at + offset);
+        let died = exit.map(|exit| happened_at(&record.events[..exit], &record.events[exit]));
+        if let Some(died) = died.filter(|&died| died < found[denial].1.time_unix_ms) {
+            found[denial].1.time_unix_ms = died;
+            found[denial].1.time = clock_ms(died);
+        }
+    }
+    let rank = |incident: &Incident| u8::from(incident.kind != IncidentKind::Denial);
+    found.sort_by_key(|(_, incident)| (incident.time_unix_ms, rank(incident)));
+    let (positions, mut incidents): (Vec<usize>, Vec<Incident>) = found.into_iter().unzip();
+    for (index, &at) in positions.iter().enumerate() {
+        let event = &record.events[at];
+        let now = incidents[index].time_unix_ms;
+        let known = record.events.partition_point(|e| e.time_unix_ms <= now);
+        let before = &record.events[..known.min(at)];
+        if let Some((cause, because)) = cause_of(record, before, event, index, &incidents) {
+            incidents[index].caused_by = Some(cause);
+            incidents[index].because = Some(because);
+        }
     }
     let chains = chains_of(&incidents);
     RunExplanation {
@@ -158,6 +193,23 @@ pub fn explain_run(record: &RunRecord) -> RunExplanation {
         has_samples: record.samples.is_some(),
         incidents,
         chains,
+    }
+}
+
+/// When the event happened: for an exit, its life's start plus its run time (an exit is
+/// recorded once its pipes close); otherwise when it was recorded.
+fn happened_at(before: &[RunEvent], event: &RunEvent) -> u64 {
+    if event.kind != "exit" {
+        return event.time_unix_ms;
+    }
+    let started = before
+        .iter()
+        .rev()
+        .find(|e| e.kind == "start" && e.label == event.label)
+        .map(|e| e.time_unix_ms);
+    match (started, event.number("run_ms")) {
+        (Some(started), Some(run_ms)) => (started + run_ms).min(event.time_unix_ms),
+        _ => event.time_unix_ms,
     }
 }
 
@@ -275,9 +327,16 @@ fn gpu_of(record: &RunRecord, event: &RunEvent, kind: IncidentKind) -> Option<u3
 
 /// Fills who held GPU `gpu` at the incident. A replica's figure is taken from the last sample
 /// before the event; the denied replica's own figure is the ledger's, exact, from the event.
-fn held_at(memory: &MemorySeries, event: &RunEvent, gpu: u32, incident: &mut Incident) {
-    // Just before the event: an exit's own sample may already show the memory freed.
-    let (mut holdings, other) = memory.holdings(gpu, event.time_unix_ms.saturating_sub(1));
+fn held_at(
+    memory: &MemorySeries,
+    event: &RunEvent,
+    gpu: u32,
+    time_unix_ms: u64,
+    incident: &mut Incident,
+) {
+    // Just before it happened: an exit's own sample may already show the memory freed.
+    let held = memory.holdings(gpu, time_unix_ms.saturating_sub(1));
+    let (mut holdings, overhead, other) = (held.replicas, held.overhead_bytes, held.other_bytes);
     if event.kind == "denial" {
         let label = event.label.as_deref().unwrap_or("");
         let used = event.number("used_bytes").unwrap_or(0);
@@ -294,8 +353,9 @@ fn held_at(memory: &MemorySeries, event: &RunEvent, gpu: u32, incident: &mut Inc
         return;
     }
     let holders = group(&holdings);
-    incident.held = Some(held_line(&holders, other, &incident.replica));
+    incident.held = Some(held_line(&holders, overhead, other));
     incident.holders = holders;
+    incident.overhead_bytes = overhead;
     incident.other_bytes = other;
 }
 
@@ -323,34 +383,30 @@ fn group(holdings: &[Holding]) -> Vec<Holder> {
     holders
 }
 
-/// `sim 37.1 GiB, learner 23.8 of 24.0 GiB, actor 4 × 2.4 GiB, others 1.0 GiB`.
-fn held_line(holders: &[Holder], other: Option<u64>, subject: &str) -> String {
-    let subject = process_of(subject);
+/// `sim 37.1 GiB of 40.0 GiB, learner 23.8 GiB of 24.0 GiB, actor 4 × 2.4 GiB of 3.0 GiB,
+/// CUDA contexts 3.0 GiB, outside the job 1.0 GiB` (each against its budget).
+fn held_line(holders: &[Holder], overhead: Option<u64>, other: Option<u64>) -> String {
     let mut parts: Vec<String> = holders
         .iter()
         .map(|holder| {
             let mean = holder.bytes / u64::from(holder.replicas.max(1));
+            let budget = if holder.budget_bytes > 0 {
+                format!(" of {}", ByteSize(holder.budget_bytes))
+            } else {
+                String::new()
+            };
             if holder.replicas == 1 {
-                if holder.process == subject && holder.budget_bytes > 0 {
-                    format!(
-                        "{} {} of {}",
-                        holder.process,
-                        ByteSize(holder.bytes),
-                        ByteSize(holder.budget_bytes)
-                    )
-                } else {
-                    format!("{} {}", holder.process, ByteSize(holder.bytes))
-                }
+                format!("{} {}{budget}", holder.process, ByteSize(holder.bytes))
             } else if ByteSize(holder.max_bytes).to_string() == ByteSize(mean).to_string() {
                 format!(
-                    "{} {} × {}",
+                    "{} {} × {}{budget}",
                     holder.process,
                     holder.replicas,
                     ByteSize(mean)
                 )
             } else {
                 format!(
-                    "{} {} (×{}, at most {} each)",
+                    "{} {} (×{}, at most {}{budget} each)",
                     holder.process,
                     ByteSize(holder.bytes),
                     holder.replicas,
@@ -359,6 +415,9 @@ fn held_line(holders: &[Holder], other: Option<u64>, subject: &str) -> String {
             }
         })
         .collect();
+    if let Some(overhead) = overhead.filter(|&b| b > 0) {
+        parts.push(format!("CUDA contexts {}", ByteSize(overhead)));
+    }
     if let Some(other) = other.filter(|&b| b > 0) {
         parts.push(format!("outside the job {}", ByteSize(other)));
     }
@@ -374,8 +433,10 @@ fn cause_of(
     record: &RunRecord,
     before: &[RunEvent],
     event: &RunEvent,
-    incidents: &[Incident],
+    index: usize,
+    all: &[Incident],
 ) -> Option<(usize, String)> {
+    let incidents = &all[..index];
     let label = event.label.as_deref()?;
     let process = process_of(label);
     // gpuvisor says why: a group restart or a blocked start names the other process.
@@ -400,8 +461,27 @@ fn cause_of(
             }
         }
     }
-    // The same replica (or, for process-wide events, process) failed before and has not
-    // ended well since: the same life, or lives it was restarted into after that failure.
+    // Two more candidates; the later failure is the nearer cause (an actor restarted after the
+    // learner's first death fails again when the learner dies again: the learner's second
+    // failure, not the actor's first, is why).
+    let own = own_failure(before, label, incidents);
+    let upstream = upstream_failure(record, before, index, process, all);
+    match (own, upstream) {
+        (Some(own), Some(upstream)) if all[upstream.0].time_unix_ms > all[own.0].time_unix_ms => {
+            Some(upstream)
+        }
+        (Some(own), _) => Some(own),
+        (None, upstream) => upstream,
+    }
+}
+
+/// The same replica (or, for process-wide events, process) failed before and has not ended
+/// well since: the same life, or lives it was restarted into after that failure.
+fn own_failure(
+    before: &[RunEvent],
+    label: &str,
+    incidents: &[Incident],
+) -> Option<(usize, String)> {
     let same = |i: &Incident| i.replica == label || process_of(&i.replica) == label;
     if let Some(index) = latest(incidents, same) {
         let earlier = &incidents[index];
@@ -430,27 +510,55 @@ fn cause_of(
             return Some((index, because));
         }
     }
-    // A process it runs after failed and was not ready again (the latest such failure).
+    None
+}
+
+/// The failure nearest in time of a process it runs after that has not been ready again since;
+/// one up to [`UPSTREAM_LOOKAHEAD_MS`] later counts too (the two died together, and the
+/// dependant's death was noticed first).
+fn upstream_failure(
+    record: &RunRecord,
+    before: &[RunEvent],
+    at: usize,
+    process: &str,
+    incidents: &[Incident],
+) -> Option<(usize, String)> {
     let upstream = upstream_of(record, process);
+    let now = incidents[at].time_unix_ms;
     let mut best: Option<(usize, String)> = None;
     for (index, incident) in incidents.iter().enumerate() {
         let other = process_of(&incident.replica);
-        if !upstream.contains(other) {
+        if index == at
+            || !upstream.contains(other)
+            || incident.time_unix_ms > now + UPSTREAM_LOOKAHEAD_MS
+        {
             continue;
         }
         let ready_again = before.iter().any(|e| {
             e.kind == "ready"
                 && e.label.as_deref().map(process_of) == Some(other)
                 && e.time_unix_ms > incident.time_unix_ms
-                && e.time_unix_ms + READY_GRACE_MS < event.time_unix_ms
+                && e.time_unix_ms + READY_GRACE_MS < now
         });
-        if !ready_again {
+        // The nearest in time wins (ties: the earlier).
+        let distance = now.abs_diff(incident.time_unix_ms);
+        let nearer = best
+            .as_ref()
+            .is_none_or(|(chosen, _)| distance < now.abs_diff(incidents[*chosen].time_unix_ms));
+        if !ready_again && nearer {
             best = Some((
                 index,
-                format!(
-                    "it runs after {other}, which failed {} earlier",
-                    seconds(event.time_unix_ms - incident.time_unix_ms)
-                ),
+                match now.abs_diff(incident.time_unix_ms) {
+                    0 => format!("it runs after {other}, which failed at the same moment"),
+                    ms if incident.time_unix_ms > now => format!(
+                        "it runs after {other}, which failed with it ({} later)",
+                        seconds(ms)
+                    ),
+                    ms => format!(
+                        "it runs after {other}, which failed {} earlier",
+                        seconds(ms)
+                    ),
+                },
             ));
         }
     }
@@ -489,8 +597,12 @@ fn upstream_of(record: &RunRecord, process: &str) -> BTreeSet<String> {
 /// Groups incidents by the root of their `caused_by` links.
 fn chains_of(incidents: &[Incident]) -> Vec<Chain> {
     let root = |mut index: usize| {
-        while let Some(parent) = incidents[index].caused_by {
-            index = parent;
+        // Links may point forward (see upstream_failure); the bound keeps a cycle from looping.
+        for _ in 0..incidents.len() {
+            match incidents[index].caused_by {
+                Some(parent) => index = parent,
+                None => break,
+            }
         }
         index
     };
@@ -505,12 +617,20 @@ fn chains_of(incidents: &[Incident]) -> Vec<Chain> {
                     chain.replicas.push(replica);
                 }
             }
-            None => chains.push(Chain {
-                origin,
-                origin_replica: replica.clone(),
-                incidents: vec![index],
-                replicas: vec![replica],
-            }),
+            None => {
+                // The origin may come after a dependant it explains (a forward link).
+                let origin_replica = incidents[origin].replica.clone();
+                let mut replicas = vec![origin_replica.clone()];
+                if replica != origin_replica {
+                    replicas.push(replica);
+                }
+                chains.push(Chain {
+                    origin,
+                    origin_replica,
+                    incidents: vec![index],
+                    replicas,
+                });
+            }
         }
     }
     chains

@@ -137,7 +137,7 @@ fn a_learner_refused_then_dead_starts_the_chain_and_the_actors_follow() {
     assert_eq!(denial.time, "12:03:05.500");
     assert_eq!(
         denial.held.as_deref(),
-        Some("sim 37.1 GiB, learner 23.8 GiB of 24.0 GiB, actor 4 × 2.4 GiB, outside the job 1.0 GiB")
+        Some("sim 37.1 GiB of 40.0 GiB, learner 23.8 GiB of 24.0 GiB, actor 4 × 2.4 GiB of 3.0 GiB, outside the job 1.0 GiB")
     );
     let actor = &explanation.incidents[2];
     assert_eq!(actor.caused_by, Some(1));
@@ -220,7 +220,7 @@ fn a_dead_replica_holds_nothing_whatever_a_late_sample_says() {
             .held
             .as_deref()
             .unwrap()
-            .contains("actor 7.3 GiB (×3, at most 2.5 GiB each)"),
+            .contains("actor 7.3 GiB (×3, at most 2.5 GiB of 3.0 GiB each)"),
         "{denial:?}"
     );
 }
@@ -233,4 +233,58 @@ fn a_run_without_failures_has_no_chain() {
     assert!(explanation.incidents.is_empty());
     assert!(explanation.chains.is_empty());
     assert!(render::render_run(&explanation).contains("no failures"));
+}
+
+#[test]
+fn incidents_are_ordered_by_when_they_happened_not_when_recorded() {
+    let mut events = starts();
+    events.extend([
+        // The actor's exit is recorded first; the learner's exit (recorded 400 ms after the
+        // death, when its pipes closed) and the refusal before it (read from the ledger late)
+        // happened earlier.
+        json!({"t": at(5_300), "kind": "exit", "process": "actor[1]", "code": 1, "cause": "exit",
+               "summary": "exit code 1", "run_ms": 5_280}),
+        json!({"t": at(5_500), "kind": "denial", "process": "learner", "device": 0,
+               "size_bytes": 2 * GIB, "used_bytes": 23 * GIB, "limit_bytes": 24 * GIB}),
+        json!({"t": at(5_600), "kind": "exit", "process": "learner", "code": 1,
+               "cause": "cuda-oom", "summary": "CUDA out of memory", "run_ms": 5_190}),
+    ]);
+    let explanation = explain_run(&record(&events, None));
+    let order: Vec<(&str, IncidentKind, &str)> = explanation
+        .incidents
+        .iter()
+        .map(|i| (i.replica.as_str(), i.kind, i.time.as_str()))
+        .collect();
+    assert_eq!(
+        order,
+        [
+            ("learner", IncidentKind::Denial, "12:03:05.200"),
+            ("learner", IncidentKind::Exit, "12:03:05.200"),
+            ("actor[1]", IncidentKind::Exit, "12:03:05.300"),
+        ]
+    );
+    assert_eq!(explanation.chains.len(), 1, "{:#?}", explanation.incidents);
+    assert_eq!(explanation.chains[0].origin_replica, "learner");
+}
+
+#[test]
+fn an_upstream_failure_recorded_just_after_still_explains_a_dependant() {
+    let mut events = starts();
+    events.extend([
+        exit(5_000, "actor[3]", 1, "exit"),
+        json!({"t": at(5_400), "kind": "failed", "process": "learner",
+               "reason": "lost its connection"}),
+    ]);
+    let explanation = explain_run(&record(&events, None));
+    assert_eq!(explanation.chains.len(), 1, "{:#?}", explanation.incidents);
+    assert_eq!(explanation.chains[0].origin_replica, "learner");
+    assert!(
+        explanation.incidents[0]
+            .because
+            .as_deref()
+            .unwrap()
+            .contains("failed with it (400 ms later)"),
+        "{:?}",
+        explanation.incidents[0]
+    );
 }
