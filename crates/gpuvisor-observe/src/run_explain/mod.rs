@@ -156,20 +156,20 @@ pub fn explain_run(record: &RunRecord) -> RunExplanation {
     // In the order things happened, not the order they were recorded: an exit is recorded when
     // its pipes close (up to 500 ms after the death), a refusal when the ledger is next read;
     // a refusal happened before the exit of its life, whatever the record says.
-    for denial in 0..found.len() {
-        if found[denial].1.kind != IncidentKind::Denial {
+    for (at, incident) in &mut found {
+        if incident.kind != IncidentKind::Denial {
             continue;
         }
-        let (at, label) = (found[denial].0, found[denial].1.replica.clone());
+        let (at, label) = (*at, incident.replica.clone());
         let exit = record.events[at..]
             .iter()
             .take_while(|e| !(e.kind == "start" && e.label.as_deref() == Some(label.as_str())))
             .position(|e| e.kind == "exit" && e.label.as_deref() == Some(label.as_str()))
             .map(|offset| at + offset);
         let died = exit.map(|exit| happened_at(&record.events[..exit], &record.events[exit]));
-        if let Some(died) = died.filter(|&died| died < found[denial].1.time_unix_ms) {
-            found[denial].1.time_unix_ms = died;
-            found[denial].1.time = clock_ms(died);
+        if let Some(died) = died.filter(|&died| died < incident.time_unix_ms) {
+            incident.time_unix_ms = died;
+            incident.time = clock_ms(died);
         }
     }
     let rank = |incident: &Incident| u8::from(incident.kind != IncidentKind::Denial);
