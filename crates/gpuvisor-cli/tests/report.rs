@@ -91,6 +91,24 @@ fn the_page_goes_into_the_run_directory_by_default_or_to_stdout() {
 }
 
 #[test]
+fn a_run_without_samples_still_has_its_timeline_exits_and_findings() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    copy_dir(&package_dir().join(FIXTURE), &run);
+    std::fs::remove_dir_all(run.join("samples")).unwrap();
+    let html = report(&run, &dir.path().join("report.html"));
+    assert!(html.contains("This run has no memory samples"));
+    assert!(!html.contains("<svg class=\"chart memory\""));
+    assert!(html.contains("<svg class=\"chart timeline\""));
+    // Peaks from the ledger's figures at the refusals: the learner held 3 GiB.
+    assert!(
+        html.contains("<td>learner</td><td>0</td><td class=\"num\">3.0 GiB</td>"),
+        "{html}"
+    );
+    assert!(html.contains("Chain 1: started by learner"));
+}
+
+#[test]
 fn the_recorded_run_renders_in_headless_chromium() {
     let Some(chromium) = chromium() else {
         return;

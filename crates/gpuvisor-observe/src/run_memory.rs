@@ -164,6 +164,43 @@ impl MemorySeries {
         }
     }
 
+    /// At most `max_points` times, each the maximum of a run of neighbouring samples (peaks are
+    /// kept; a chart has no more pixels than that anyway). Unchanged when already that small.
+    pub fn downsampled(&self, max_points: usize) -> MemorySeries {
+        let count = self.times_unix_ms.len();
+        if count <= max_points || max_points == 0 {
+            return self.clone();
+        }
+        let per = count.div_ceil(max_points);
+        let squash = |values: &[u64]| -> Vec<u64> {
+            values
+                .chunks(per)
+                .map(|chunk| chunk.iter().copied().max().unwrap_or(0))
+                .collect()
+        };
+        MemorySeries {
+            times_unix_ms: self.times_unix_ms.chunks(per).map(|c| c[0]).collect(),
+            gpus: self
+                .gpus
+                .iter()
+                .map(|gpu| GpuSeries {
+                    layers: gpu
+                        .layers
+                        .iter()
+                        .map(|layer| Layer {
+                            bytes: squash(&layer.bytes),
+                            ..layer.clone()
+                        })
+                        .collect(),
+                    overhead_bytes: gpu.overhead_bytes.as_deref().map(squash),
+                    other_bytes: gpu.other_bytes.as_deref().map(squash),
+                    ..gpu.clone()
+                })
+                .collect(),
+            peak_bytes: self.peak_bytes.clone(),
+        }
+    }
+
     /// The sample in force at `unix_ms` (the last one taken at or before it).
     pub fn sample_at(&self, unix_ms: u64) -> Option<usize> {
         let after = self.times_unix_ms.partition_point(|&t| t <= unix_ms);
@@ -261,4 +298,43 @@ fn replica_bytes(record: &RunRecord, samples: &RunSamples) -> ReplicaRows {
             .collect()
     };
     (column(|t| t.0), column(|t| t.1), column(|t| t.2))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn downsampling_keeps_the_peaks_and_bounds_the_points() {
+        let count = 10_007;
+        let bytes: Vec<u64> = (0..count as u64).map(|i| i % 997).collect();
+        let series = MemorySeries {
+            times_unix_ms: (0..count as u64).map(|i| i * 100).collect(),
+            gpus: vec![GpuSeries {
+                gpu_index: 0,
+                name: "H100".into(),
+                total_bytes: 1 << 30,
+                layers: vec![Layer {
+                    label: "learner".into(),
+                    replica_index: 0,
+                    budget_bytes: 1000,
+                    bytes: bytes.clone(),
+                }],
+                overhead_bytes: None,
+                other_bytes: Some(bytes),
+            }],
+            peak_bytes: vec![996],
+        };
+        let small = series.downsampled(1500);
+        assert!(
+            small.times_unix_ms.len() <= 1500,
+            "{}",
+            small.times_unix_ms.len()
+        );
+        let layer = &small.gpus[0].layers[0].bytes;
+        assert_eq!(layer.len(), small.times_unix_ms.len());
+        assert_eq!(layer.iter().max(), Some(&996), "the peak survives");
+        assert_eq!(small.times_unix_ms[0], 0);
+        assert_eq!(series.downsampled(20_000), series, "small enough already");
+    }
 }

@@ -18,6 +18,9 @@ use crate::run_explain::RunExplanation;
 use crate::run_memory::MemorySeries;
 use crate::run_record::{clock_ms, process_of, RunRecord};
 
+/// Points per chart at most: about one per pixel of the chart's width on a wide screen.
+const MAX_CHART_POINTS: usize = 1200;
+
 /// HTML-escapes text for element content and attribute values.
 pub fn esc(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
@@ -79,7 +82,7 @@ code{font:12px ui-monospace,SFMono-Regular,Menlo,monospace}
 
 /// Renders the report page. `logs` are explain's findings per log of the run.
 pub fn render_html(record: &RunRecord, explanation: &RunExplanation, logs: &[LogReport]) -> String {
-    let memory = MemorySeries::of(record);
+    let memory = MemorySeries::of(record).downsampled(MAX_CHART_POINTS);
     let processes: Vec<String> = {
         let mut names: Vec<String> = Vec::new();
         for replica in &record.plan.replicas {
