@@ -17,6 +17,7 @@ use crate::explain::Report as LogReport;
 use crate::run_explain::RunExplanation;
 use crate::run_memory::MemorySeries;
 use crate::run_record::{clock_ms, process_of, RunRecord};
+use gpuvisor_supervisor::clock::rfc3339_ms;
 
 /// Points per chart at most: about one per pixel of the chart's width on a wide screen.
 const MAX_CHART_POINTS: usize = 1200;
@@ -150,8 +151,8 @@ fn header(out: &mut String, record: &RunRecord, explanation: &RunExplanation, ax
         "<h1>{} <span class=\"badge {badge}\">{status}</span></h1><p class=\"meta\">run <code>{}</code> · {} → {} UTC · {}</p>",
         esc(&record.plan.job),
         esc(&record.dir.display().to_string()),
-        clock_ms(axis.from_ms),
-        clock_ms(axis.to_ms),
+        day_and_time(axis.from_ms),
+        day_and_time(axis.to_ms),
         duration(axis.to_ms - axis.from_ms)
     );
     let count = |kind: &str| record.events.iter().filter(|e| e.kind == kind).count();
@@ -356,6 +357,11 @@ fn log_name(source: &str) -> String {
         .map_or(source.to_string(), |name| {
             name.to_string_lossy().into_owned()
         })
+}
+
+/// `2026-11-22 00:40:34`.
+fn day_and_time(unix_ms: u64) -> String {
+    rfc3339_ms(unix_ms)[..19].replace('T', " ")
 }
 
 fn duration(ms: u64) -> String {

@@ -9,6 +9,7 @@ use gpuvisor_core::size::ByteSize;
 use super::esc;
 use crate::run_memory::GpuSeries;
 use crate::run_record::{clock_ms, process_of, RunEvent, RunRecord};
+use gpuvisor_supervisor::clock::rfc3339_ms;
 
 /// Chart width in SVG units (the page scales it to its column).
 const WIDTH: f64 = 1100.0;
@@ -47,21 +48,51 @@ impl TimeAxis {
     }
 
     fn ticks(&self, out: &mut String, top: f64, bottom: f64) {
-        const STEPS_MS: [u64; 17] = [
-            100, 250, 500, 1_000, 2_000, 5_000, 10_000, 15_000, 30_000, 60_000, 120_000, 300_000,
-            600_000, 1_800_000, 3_600_000, 21_600_000, 86_400_000,
+        const DAY_MS: u64 = 86_400_000;
+        const STEPS_MS: [u64; 21] = [
+            100,
+            250,
+            500,
+            1_000,
+            2_000,
+            5_000,
+            10_000,
+            15_000,
+            30_000,
+            60_000,
+            120_000,
+            300_000,
+            600_000,
+            1_800_000,
+            3_600_000,
+            7_200_000,
+            21_600_000,
+            43_200_000,
+            DAY_MS,
+            2 * DAY_MS,
+            7 * DAY_MS,
         ];
         let span = self.to_ms - self.from_ms;
         let step = STEPS_MS
             .iter()
             .copied()
             .find(|step| span / step <= 8)
-            .unwrap_or(86_400_000);
+            .unwrap_or(30 * DAY_MS);
         let mut tick = self.from_ms.div_ceil(step) * step;
         while tick <= self.to_ms {
             let x = self.x(tick);
-            let text = clock_ms(tick);
-            let text = if step >= 1000 { &text[..8] } else { &text[..] };
+            // `2026-11-22T00:40:34.621Z`: the parts a tick needs at this step.
+            let stamp = rfc3339_ms(tick);
+            let text = if step >= DAY_MS {
+                &stamp[5..10]
+            } else if span >= DAY_MS {
+                &stamp[5..16]
+            } else if step >= 1000 {
+                &stamp[11..19]
+            } else {
+                &stamp[11..23]
+            };
+            let text = text.replace('T', " ");
             let _ = write!(
                 out,
                 r#"<line class="grid" x1="{x:.1}" y1="{top:.1}" x2="{x:.1}" y2="{bottom:.1}"/><text class="tick" x="{x:.1}" y="{:.1}" text-anchor="middle">{text}</text>"#,
@@ -193,33 +224,42 @@ pub fn memory_chart(
         );
         below = above;
     }
-    // Budget lines: where each band's budget ends, stacked in the same order.
+    // Budget lines: where each band's budget ends, stacked in the same order. Their labels
+    // (and the GPU size's) are kept at least a line apart.
+    let mut labels: Vec<(f64, String)> = Vec::new();
     let mut budget_top = 0u64;
     for band in bands.iter().filter(|b| b.budget_bytes > 0) {
         budget_top += band.budget_bytes;
         let by = y(budget_top as f64);
         let _ = write!(
             out,
-            r#"<line class="budget" x1="{LEFT}" y1="{by:.1}" x2="{:.1}" y2="{by:.1}" stroke="{}"><title>{} budget ends here: {} (stacked total {})</title></line><text class="budget-label" x="{:.1}" y="{:.1}" fill="{}">{} budget</text>"#,
+            r#"<line class="budget" x1="{LEFT}" y1="{by:.1}" x2="{:.1}" y2="{by:.1}" stroke="{}"><title>{} budget ends here: {} (stacked total {})</title></line>"#,
             WIDTH - RIGHT,
             band.colour,
             esc(&band.process),
             ByteSize(band.budget_bytes),
             ByteSize(budget_top),
-            WIDTH - RIGHT + 6.0,
-            by + 4.0,
-            band.colour,
-            esc(&band.process)
         );
+        labels.push((by, format!("{} budget", esc(&band.process))));
     }
     if (gpu.total_bytes as f64) <= top_bytes && gpu.total_bytes > 0 {
         let gy = y(gpu.total_bytes as f64);
         let _ = write!(
             out,
-            r#"<line class="gpu-total" x1="{LEFT}" y1="{gy:.1}" x2="{:.1}" y2="{gy:.1}"/><text class="budget-label" x="{:.1}" y="{:.1}">GPU size</text>"#,
+            r#"<line class="gpu-total" x1="{LEFT}" y1="{gy:.1}" x2="{:.1}" y2="{gy:.1}"/>"#,
             WIDTH - RIGHT,
-            WIDTH - RIGHT + 6.0,
-            gy + 4.0
+        );
+        labels.push((gy, "GPU size".to_string()));
+    }
+    labels.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let mut next_free = f64::MIN;
+    for (y, text) in labels {
+        let y = (y + 4.0).max(next_free);
+        next_free = y + 12.0;
+        let _ = write!(
+            out,
+            r#"<text class="budget-label" x="{:.1}" y="{y:.1}">{text}</text>"#,
+            WIDTH - RIGHT + 6.0
         );
     }
     // Events on this GPU's replicas.
