@@ -294,6 +294,7 @@ fn findings(out: &mut String, explanation: &RunExplanation, logs: &[LogReport]) 
                 esc(&chain.replicas[1..].join(", "))
             );
         }
+        let _ = write!(out, "<span class=\"why\">hint: {}</span>", esc(&chain.hint));
         out.push_str("<ol>");
         let mut previous_held: Option<&str> = None;
         for &index in &chain.incidents {

@@ -87,6 +87,8 @@ pub struct Incident {
     pub other_bytes: Option<u64>,
     /// The held memory as one line (`sim 37.1 GiB, learner 23.8 of 24.0 GiB, actor 4 × 2.4 GiB`).
     pub held: Option<String>,
+    /// For a refusal: what the replica would have held had it been granted (held + asked).
+    pub needed_bytes: Option<u64>,
     /// The incident it follows from (index into [`RunExplanation::incidents`]).
     pub caused_by: Option<usize>,
     /// Why it follows from that one.
@@ -104,6 +106,8 @@ pub struct Chain {
     pub incidents: Vec<usize>,
     /// Replicas the chain reached.
     pub replicas: Vec<String>,
+    /// What to do about the origin.
+    pub hint: String,
 }
 
 /// The explanation of a run.
@@ -145,6 +149,9 @@ pub fn explain_run(record: &RunRecord) -> RunExplanation {
             overhead_bytes: None,
             other_bytes: None,
             held: None,
+            needed_bytes: (kind == IncidentKind::Denial).then(|| {
+                event.number("used_bytes").unwrap_or(0) + event.number("size_bytes").unwrap_or(0)
+            }),
             caused_by: None,
             because: None,
         };
@@ -594,6 +601,38 @@ fn upstream_of(record: &RunRecord, process: &str) -> BTreeSet<String> {
     found
 }
 
+/// What to do about a chain's origin.
+fn hint_for(origin: &Incident) -> String {
+    let process = process_of(&origin.replica);
+    let log = log_name(&origin.replica);
+    match origin.kind {
+        IncidentKind::Denial => format!(
+            "{} needed more than its budget: raise `memory` of [process.{process}] to at least {} if the plan has room (`gpuvisor plan JOB` shows it), or find what grows in it",
+            origin.replica,
+            ByteSize(origin.needed_bytes.unwrap_or(0))
+        ),
+        IncidentKind::Exit if origin.what.contains("[cuda-oom]") => format!(
+            "the GPU ran out while {} allocated: see who held it above; a budget (`memory`) for every process on the GPU keeps one from starving the others",
+            origin.replica
+        ),
+        IncidentKind::Exit if origin.what.contains("[oom-killer]") => "the kernel's OOM killer ended it: host memory ran out, not GPU memory; compare the job's resident memory (`gpuvisor top`) with the machine's".to_string(),
+        IncidentKind::Violation => format!(
+            "{} is CPU-only but reached for the GPU: hide the GPU from it (CUDA_VISIBLE_DEVICES=\"\", JAX_PLATFORMS=cpu) or drop `device = \"cpu\"` if it needs one",
+            origin.replica
+        ),
+        IncidentKind::Blocked => "what it waits for never became ready: start with the failure of that process".to_string(),
+        _ => format!("its log says why: `gpuvisor explain RUN/logs/{log}` (its findings are below)"),
+    }
+}
+
+/// `actor.2.log` for `actor[2]`, `learner.log` for `learner`.
+fn log_name(label: &str) -> String {
+    match label.split_once('[') {
+        Some((process, replica)) => format!("{process}.{}.log", replica.trim_end_matches(']')),
+        None => format!("{label}.log"),
+    }
+}
+
 /// Groups incidents by the root of their `caused_by` links.
 fn chains_of(incidents: &[Incident]) -> Vec<Chain> {
     let root = |mut index: usize| {
@@ -626,6 +665,7 @@ fn chains_of(incidents: &[Incident]) -> Vec<Chain> {
                 }
                 chains.push(Chain {
                     origin,
+                    hint: hint_for(&incidents[origin]),
                     origin_replica,
                     incidents: vec![index],
                     replicas,

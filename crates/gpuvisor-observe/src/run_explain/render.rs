@@ -55,6 +55,7 @@ pub fn render_run(explanation: &RunExplanation) -> String {
             chain.origin_replica,
             origin.time
         );
+        let _ = writeln!(out, "  hint: {}", chain.hint);
         let mut previous_held: Option<&str> = None;
         for &index in &chain.incidents {
             let incident = &explanation.incidents[index];

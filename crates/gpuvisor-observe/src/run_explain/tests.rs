@@ -132,6 +132,13 @@ fn a_learner_refused_then_dead_starts_the_chain_and_the_actors_follow() {
     assert_eq!(explanation.chains.len(), 1, "{:#?}", explanation.chains);
     let chain = &explanation.chains[0];
     assert_eq!(chain.origin_replica, "learner");
+    assert!(
+        chain
+            .hint
+            .contains("raise `memory` of [process.learner] to at least 25.8 GiB"),
+        "{}",
+        chain.hint
+    );
     assert_eq!(chain.replicas, ["learner", "actor[2]", "actor[0]"]);
     let denial = &explanation.incidents[0];
     assert_eq!(denial.time, "12:03:05.500");
@@ -168,6 +175,11 @@ fn a_dependant_failing_long_after_its_upstream_recovered_starts_its_own_chain() 
     let explanation = explain_run(&record(&events, None));
     assert_eq!(explanation.chains.len(), 2, "{:#?}", explanation.incidents);
     assert_eq!(explanation.chains[1].origin_replica, "actor[3]");
+    assert!(
+        explanation.chains[1].hint.contains("RUN/logs/actor.3.log"),
+        "{}",
+        explanation.chains[1].hint
+    );
     assert!(!explanation.has_samples);
     // Without samples nobody's figure is known at an exit.
     assert_eq!(explanation.incidents[1].held, None);
