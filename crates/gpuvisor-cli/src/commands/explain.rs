@@ -66,7 +66,20 @@ fn run_explanation(input: &str) -> Result<Option<RunExplanation>, Failure> {
     } else {
         return Ok(None);
     };
-    let record = RunRecord::load(&dir).map_err(Failure::unavailable)?;
+    let record = match RunRecord::load(&dir) {
+        Ok(record) => record,
+        Err(error) => {
+            // The logs can still be explained.
+            eprintln!(
+                "gpuvisor: the run's record is not readable, only its logs are explained: {error}"
+            );
+            return Ok(None);
+        }
+    };
+    // A record without a single event has no story to tell; its logs may still.
+    if record.events.is_empty() {
+        return Ok(None);
+    }
     Ok(Some(explain_run(&record)))
 }
 
