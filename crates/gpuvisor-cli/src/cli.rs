@@ -38,6 +38,10 @@ pub enum Command {
     /// Run a command under a GPU memory budget: the shim enforces it on the command and every
     /// process it starts; a summary (peak per process, refusals) is printed when it exits.
     Exec(ExecArgs),
+    /// Watch a run live: per GPU memory by process against budgets and utilisation, the
+    /// process table, events and log tails; restart or stop processes. Without RUN: every
+    /// process holding GPU memory on this machine.
+    Top(TopArgs),
     /// Internal: how `exec` starts its command (unblocks signals, then execs it).
     #[command(name = "__exec-child", hide = true)]
     ExecChild(ExecChildArgs),
@@ -47,6 +51,9 @@ pub enum Command {
     /// Run a job: start every process with its budget, in dependency order; restart by
     /// policy; stop everything on Ctrl-C. Records everything in a run directory.
     Run(crate::commands::run::RunArgs),
+    /// Render a run as one self-contained HTML page: memory over time per GPU against
+    /// budgets, events on a timeline, exits, and what went wrong.
+    Report(crate::commands::report::ReportArgs),
     /// Show the processes of a run (the latest in ./runs by default).
     Ps(crate::commands::ps::PsArgs),
     /// Stop a whole run, or one of its processes.
@@ -164,6 +171,25 @@ pub struct ExecArgs {
         value_name = "CMD"
     )]
     pub command: Vec<String>,
+}
+
+/// Arguments of `gpuvisor top`.
+#[derive(Debug, Args)]
+#[command(
+    after_help = "Keys: ↑/↓ select, s sort, r restart, k stop (both ask first), Enter log focus, ? help, q quit.\nExamples:\n  gpuvisor top                      every GPU process on this machine\n  gpuvisor top runs/isaac-rl-20261122T001500Z\n  gpuvisor top --simulate 2x80GiB --once"
+)]
+pub struct TopArgs {
+    /// The run directory, or its name under ./runs (default: the whole machine, like nvitop).
+    pub run: Option<String>,
+    /// Print one frame as text and exit (the terminal's size, else 120x40).
+    #[arg(long)]
+    pub once: bool,
+    /// Milliseconds between refreshes.
+    #[arg(long = "interval", value_name = "MS", default_value_t = 500)]
+    pub interval_ms: u64,
+    /// GPU source.
+    #[command(flatten)]
+    pub inventory: InventoryArgs,
 }
 
 /// Arguments of the internal `gpuvisor __exec-child`.

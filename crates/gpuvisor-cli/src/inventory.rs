@@ -29,7 +29,11 @@ pub fn load_inventory(simulate_spec: Option<&str>) -> Result<Inventory, Failure>
 
 /// Reads every GPU from NVML.
 pub fn nvml_inventory() -> Result<Inventory, NvmlError> {
-    let nvml = Nvml::init()?;
+    nvml_inventory_with(&Nvml::init()?)
+}
+
+/// Reads every GPU from an NVML handle already open (`top` keeps one across ticks).
+pub fn nvml_inventory_with(nvml: &Nvml) -> Result<Inventory, NvmlError> {
     let driver_version = nvml.sys_driver_version().ok();
     let count = nvml.device_count()?;
     let mut gpus = Vec::with_capacity(count as usize);

@@ -6,7 +6,9 @@ mod explain;
 mod gpus;
 mod plan;
 pub mod ps;
+pub mod report;
 pub mod run;
+mod top;
 
 use std::process::ExitCode;
 
@@ -21,9 +23,11 @@ pub fn run(cli: Cli) -> Result<ExitCode, Failure> {
         Command::Explain(args) => explain::run(args),
         Command::Doctor(args) => doctor::run(args),
         Command::Exec(args) => exec::run(args),
+        Command::Top(args) => top::run(args),
         Command::ExecChild(args) => Ok(exec::run_child(args)),
         Command::ExecSample(args) => Ok(exec::run_sampler(args.ledger)),
         Command::Run(args) => run::run(args),
+        Command::Report(args) => report::run(args),
         Command::Ps(args) => ps::ps(args),
         Command::Stop(args) => ps::stop(args),
         Command::Restart(args) => ps::restart(args),

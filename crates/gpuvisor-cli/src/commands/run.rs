@@ -22,6 +22,7 @@ use regex::bytes::Regex;
 
 mod gpu_source;
 mod ledger;
+mod tui;
 
 use crate::cli::InventoryArgs;
 use crate::failure::Failure;
@@ -50,6 +51,10 @@ pub struct RunArgs {
     /// or a loopback `HOST:PORT`.
     #[arg(long, value_name = "ADDR", value_parser = gpu_source::parse_metrics_address)]
     pub metrics: Option<std::net::SocketAddr>,
+    /// Show the job's live view (`gpuvisor top`) instead of its output; `q` or Ctrl-C stops
+    /// the job.
+    #[arg(long, conflicts_with = "quiet")]
+    pub tui: bool,
     /// GPU source.
     #[command(flatten)]
     pub inventory: InventoryArgs,
@@ -75,6 +80,9 @@ pub fn keeper(args: KeeperArgs) -> Result<ExitCode, Failure> {
 pub fn run(args: RunArgs) -> Result<ExitCode, Failure> {
     let job = read_job_file(&args.job).map_err(Failure::bad_input)?;
     let readiness = parse_readiness(&args.ready, &job)?;
+    if args.tui {
+        tui::check_terminal()?;
+    }
     let cpu_only_job = job
         .processes
         .iter()
@@ -117,7 +125,7 @@ pub fn run(args: RunArgs) -> Result<ExitCode, Failure> {
     );
     let keeper = std::env::current_exe()?;
     let mut options = Options::new(&job.name, Some(vec![keeper.into(), "__keeper".into()]));
-    options.terminal = !args.quiet;
+    options.terminal = !args.quiet && !args.tui;
     options.sampler_interval = std::time::Duration::from_millis(job.sample_interval_ms);
     options.metrics = args.metrics;
     options.watch = gpu_source::watch_config(&job, &plan);
@@ -126,7 +134,18 @@ pub fn run(args: RunArgs) -> Result<ExitCode, Failure> {
         inner: ledger_hooks,
         source: Some(gpu_source::gpu_source(sim_state, &inventory)),
     };
-    let outcome = supervise(replicas, &run_dir, options, &mut hooks)?;
+    let view = match args.tui {
+        true => Some(tui::Tui::start(
+            run_dir.path(),
+            args.inventory.simulate.is_some(),
+        )?),
+        false => None,
+    };
+    let outcome = supervise(replicas, &run_dir, options, &mut hooks);
+    if let Some(view) = view {
+        view.finish();
+    }
+    let outcome = outcome?;
     eprint!("{}", render_summary(&outcome));
     Ok(ExitCode::from(outcome.status))
 }

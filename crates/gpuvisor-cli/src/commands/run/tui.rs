@@ -1,0 +1,91 @@
+//! `gpuvisor run --tui`: the job's live view (`gpuvisor top` over its run directory) in place
+//! of the plain prefixed output. The view runs on its own thread; the supervisor keeps the
+//! main thread, as it must (keepers die with it).
+//!
+//! In raw mode Ctrl-C reaches the view as a key, not as SIGINT: the view then asks the
+//! supervisor to stop the job over the control socket, as Ctrl-C does for a plain `run`. `q`
+//! asks first. When the job ends the view closes and the summary is printed as usual.
+
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use gpuvisor_observe::top::terminal::{run_interactive, LoopEnd, LoopOptions};
+use gpuvisor_observe::top::RunSource;
+use gpuvisor_supervisor::control::{request, Request};
+use gpuvisor_supervisor::rundir::socket_path;
+use nix::sys::signal::{SigSet, Signal};
+
+use crate::failure::Failure;
+
+/// Refuses `--tui` before anything starts when there is no terminal to draw on.
+pub fn check_terminal() -> Result<(), Failure> {
+    if std::io::stdout().is_terminal() && std::io::stdin().is_terminal() {
+        Ok(())
+    } else {
+        Err(Failure::bad_input(
+            "--tui needs a terminal on standard input and output\n  hint: drop --tui (output then goes to the terminal or the log files), or watch the run from another terminal with `gpuvisor top RUN`",
+        ))
+    }
+}
+
+/// The view's thread and the flag that closes it.
+pub struct Tui {
+    finished: Arc<AtomicBool>,
+    thread: JoinHandle<()>,
+}
+
+impl Tui {
+    /// Starts the view over `run`. Call it right before supervising.
+    pub fn start(run: &Path, simulated: bool) -> Result<Tui, Failure> {
+        // The supervisor takes these signals on one thread of its own; the view's thread must
+        // not take them either, so they are blocked before it exists (it inherits the mask).
+        let mut signals = SigSet::empty();
+        for signal in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
+            signals.add(signal);
+        }
+        signals
+            .thread_block()
+            .map_err(|error| Failure::unavailable(format!("blocking signals: {error}")))?;
+        let finished = Arc::new(AtomicBool::new(false));
+        let options = LoopOptions {
+            interval: Duration::from_millis(500),
+            finished: Some(Arc::clone(&finished)),
+            quit_stops_job: true,
+        };
+        let run: PathBuf = run.to_path_buf();
+        let thread = std::thread::Builder::new()
+            .name("gpuvisor-tui".into())
+            .spawn(move || {
+                let probe = if simulated {
+                    None
+                } else {
+                    super::super::top::nvml_probe_if_available()
+                };
+                let mut source = RunSource::new(run.clone(), probe);
+                match run_interactive(&mut source, &options) {
+                    Ok(LoopEnd::Finished) => {}
+                    Ok(LoopEnd::Quit) => {
+                        eprintln!("gpuvisor: stopping the job (Ctrl-C again kills it)");
+                        let _ = request(&socket_path(&run), &Request::Stop { process: None });
+                    }
+                    Err(error) => {
+                        eprintln!(
+                            "gpuvisor: the terminal view failed ({error}); the job goes on, watch it with `gpuvisor top {}`",
+                            run.display()
+                        );
+                    }
+                }
+            })?;
+        Ok(Tui { finished, thread })
+    }
+
+    /// Closes the view (the job has ended) and waits for the terminal to be restored.
+    pub fn finish(self) {
+        self.finished.store(true, Ordering::SeqCst);
+        let _ = self.thread.join();
+    }
+}

@@ -1,0 +1,106 @@
+//! A private tmux server for `top`'s interactive tests (used by top.rs and top_live.rs).
+
+#![allow(dead_code)]
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+/// A private tmux server, killed when the test ends.
+pub struct Tmux {
+    socket: String,
+}
+
+impl Tmux {
+    pub fn new() -> Option<Self> {
+        let found = Command::new("tmux")
+            .arg("-V")
+            .output()
+            .is_ok_and(|o| o.status.success());
+        if !found {
+            // CI installs tmux and sets this, so there the test cannot silently skip.
+            assert!(
+                std::env::var_os("GPUVISOR_REQUIRE_TMUX").is_none(),
+                "tmux is missing but GPUVISOR_REQUIRE_TMUX is set"
+            );
+            eprintln!("tmux is not installed: skipping the interactive test");
+            return None;
+        }
+        Some(Tmux {
+            socket: format!("gpuvisor-top-test-{}", std::process::id()),
+        })
+    }
+
+    pub fn command(&self) -> Command {
+        let mut command = Command::new("tmux");
+        command.args(["-L", &self.socket, "-f", "/dev/null"]);
+        command
+    }
+
+    pub fn capture(&self) -> String {
+        let output = self
+            .command()
+            .args(["capture-pane", "-p", "-t", "top"])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    }
+
+    pub fn keys(&self, keys: &[&str]) {
+        let status = self
+            .command()
+            .args(["send-keys", "-t", "top"])
+            .args(keys)
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+
+    /// Waits until the screen holds `text` (10 s at most) and returns the screen.
+    pub fn wait_for(&self, text: &str) -> String {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let screen = self.capture();
+            if screen.contains(text) {
+                return screen;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no `{text}` on the screen:\n{screen}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+impl Tmux {
+    /// Starts `command` in a 120x40 session through `sh`; the shell then prints
+    /// `top-exited-<status>` and stays, so the restored screen can be read.
+    pub fn start(&self, command: &str) {
+        let script = format!("{command}; echo top-exited-$?; sleep 60");
+        let status = self
+            .command()
+            .args([
+                "new-session",
+                "-d",
+                "-s",
+                "top",
+                "-x",
+                "120",
+                "-y",
+                "40",
+                "sh",
+                "-c",
+                &script,
+            ])
+            .env("TERM", "xterm-256color")
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+}
+
+impl Drop for Tmux {
+    fn drop(&mut self) {
+        let _ = self.command().arg("kill-server").status();
+    }
+}

@@ -1,0 +1,355 @@
+//! Reading a run directory for `top`: rows from a `ps` reply or from the event log, events
+//! worded for the screen, log tails, and the plan's GPUs and budgets.
+//!
+//! Everything is read as loose JSON (`serde_json::Value`): a field the supervisor adds later
+//! is ignored, one it drops shows as `-`, and the screen never fails on a record.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::{Read, Seek, SeekFrom};
+use std::path::Path;
+
+use serde_json::Value;
+
+use super::model::{EventLine, LogLine, ProcessRow};
+use super::render::short_bytes;
+
+/// How much of the end of a file a tail reads.
+pub const TAIL_BYTES: u64 = 64 * 1024;
+
+/// One replica of the plan (`plan.json`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlannedReplica {
+    /// `name` or `name[r]`.
+    pub label: String,
+    /// Job-file process name.
+    pub process: String,
+    /// Replica number.
+    pub replica: u32,
+    /// Replicas of its process.
+    pub replicas: u32,
+    /// Its GPUs (NVML indexes).
+    pub gpus: Vec<u32>,
+    /// Budget per GPU, bytes (0: CPU-only).
+    pub budget_bytes: u64,
+}
+
+/// One GPU of the plan.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlannedGpu {
+    /// NVML index.
+    pub index: u32,
+    /// Model name.
+    pub name: String,
+    /// Total memory, bytes.
+    pub total_bytes: u64,
+}
+
+/// What `top` needs of `plan.json`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PlanInfo {
+    /// Job name.
+    pub job: String,
+    /// Its GPUs.
+    pub gpus: Vec<PlannedGpu>,
+    /// Its replicas, in plan order.
+    pub replicas: Vec<PlannedReplica>,
+}
+
+/// Reads the parts of a plan (`gpuvisor plan --json`'s data) that `top` shows.
+pub fn parse_plan(text: &str) -> Result<PlanInfo, serde_json::Error> {
+    let plan: Value = serde_json::from_str(text)?;
+    let gpus = plan["gpus"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|gpu| PlannedGpu {
+            index: gpu["index"].as_u64().unwrap_or(0) as u32,
+            name: gpu["name"].as_str().unwrap_or("GPU").to_string(),
+            total_bytes: gpu["total_bytes"].as_u64().unwrap_or(0),
+        })
+        .collect();
+    let replicas = plan["replicas"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|replica| {
+            let process = replica["process"].as_str().unwrap_or("?").to_string();
+            let number = replica["replica"].as_u64().unwrap_or(0) as u32;
+            let replicas = replica["replicas"].as_u64().unwrap_or(1) as u32;
+            PlannedReplica {
+                label: replica_label(&process, number, replicas),
+                process,
+                replica: number,
+                replicas,
+                gpus: replica["gpus"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|gpu| gpu["index"].as_u64().map(|i| i as u32))
+                    .collect(),
+                budget_bytes: replica["budget_bytes"].as_u64().unwrap_or(0),
+            }
+        })
+        .collect();
+    Ok(PlanInfo {
+        job: plan["job"].as_str().unwrap_or_default().to_string(),
+        gpus,
+        replicas,
+    })
+}
+
+/// `actor[2]`, or `learner` for a process with one replica (the supervisor's labels).
+pub fn replica_label(process: &str, replica: u32, replicas: u32) -> String {
+    if replicas > 1 {
+        format!("{process}[{replica}]")
+    } else {
+        process.to_string()
+    }
+}
+
+/// The log file of a replica, relative to the run directory (the supervisor's names).
+pub fn log_path(process: &str, replica: u32, replicas: u32) -> String {
+    if replicas > 1 {
+        format!("logs/{process}.{replica}.log")
+    } else {
+        format!("logs/{process}.log")
+    }
+}
+
+/// Rows from a live `ps` reply's `replicas` array.
+pub fn rows_from_ps(replicas: &Value) -> Vec<ProcessRow> {
+    replicas
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|replica| {
+            let process = replica["process"].as_str().unwrap_or("?").to_string();
+            let label = replica["label"].as_str().unwrap_or(&process).to_string();
+            ProcessRow {
+                replica: label
+                    .ends_with(']')
+                    .then(|| replica["replica"].as_u64().map(|r| r as u32))
+                    .flatten(),
+                key: label,
+                name: process,
+                pid: replica["pid"].as_u64().map(|pid| pid as u32),
+                state: replica["state"].as_str().unwrap_or("?").to_string(),
+                gpu_used_bytes: replica["gpu_used_bytes"].as_u64(),
+                gpu_peak_bytes: replica["gpu_peak_bytes"].as_u64(),
+                budget_bytes: replica["budget_bytes"].as_u64(),
+                restarts: replica["restarts"].as_u64().unwrap_or(0) as u32,
+                ..ProcessRow::default()
+            }
+        })
+        .collect()
+}
+
+/// Adds the sampler's figures (`{"cmd":"sample"}`'s snapshot) to rows from `ps`: CPU and RSS
+/// of each replica's whole tree, GPU utilisation, GPU memory as the GPU source sees it where
+/// the ledger has none, time since its last output, and its stall class.
+pub fn merge_sample(rows: &mut [ProcessRow], snapshot: &Value) {
+    for replica in snapshot["replicas"].as_array().into_iter().flatten() {
+        let Some(label) = replica["label"].as_str() else {
+            continue;
+        };
+        let Some(row) = rows.iter_mut().find(|row| row.key == label) else {
+            continue;
+        };
+        // A replica that is not running has no tree: its zeros are not figures.
+        if !replica["pid"].is_null() {
+            row.rss_bytes = replica["rss_bytes"].as_u64().or(row.rss_bytes);
+            row.cpu_percent = replica["cpu_percent"]
+                .as_f64()
+                .map(|cpu| cpu as f32)
+                .or(row.cpu_percent);
+        }
+        row.gpu_util_percent = replica["gpu_utilization_percent"]
+            .as_u64()
+            .map(|percent| percent.min(100) as u8);
+        if row.gpu_used_bytes.is_none() {
+            row.gpu_used_bytes = replica["ledger_used_bytes"]
+                .as_u64()
+                .or_else(|| replica["gpu_bytes"].as_u64().filter(|&bytes| bytes > 0));
+        }
+        if let Some(quiet_ms) = replica["quiet_ms"].as_u64() {
+            row.since_log_secs = Some(quiet_ms / 1000);
+        }
+        row.stall = replica["stall"].as_str().map(str::to_string);
+    }
+}
+
+/// Rows of a run that is not running, folded from its event log over the plan's replicas:
+/// the last state each replica reached, its restarts and its last pid.
+pub fn rows_from_events(plan: &PlanInfo, events: &[Value]) -> Vec<ProcessRow> {
+    let mut rows: BTreeMap<String, ProcessRow> = BTreeMap::new();
+    let mut order: Vec<String> = Vec::new();
+    for planned in &plan.replicas {
+        order.push(planned.label.clone());
+        rows.insert(
+            planned.label.clone(),
+            ProcessRow {
+                key: planned.label.clone(),
+                name: planned.process.clone(),
+                replica: (planned.replicas > 1).then_some(planned.replica),
+                state: "waiting".to_string(),
+                budget_bytes: Some(planned.budget_bytes),
+                ..ProcessRow::default()
+            },
+        );
+    }
+    for event in events {
+        let Some(label) = event["process"].as_str() else {
+            continue;
+        };
+        // A process-wide event (`restart actor`) applies to each of its replicas.
+        let targets: Vec<String> = order
+            .iter()
+            .filter(|key| *key == label || rows[*key].name == label)
+            .cloned()
+            .collect();
+        for key in targets {
+            let row = rows.get_mut(&key).expect("key from order");
+            match event["kind"].as_str().unwrap_or_default() {
+                "start" => {
+                    row.state = "running".to_string();
+                    row.pid = event["pid"].as_u64().map(|pid| pid as u32);
+                }
+                "exit" => {
+                    let failed = event["code"].as_i64().is_some_and(|code| code != 0)
+                        || (event["signal"].is_string() && event["cause"] != "stopped");
+                    row.state = if failed { "exited (failed)" } else { "exited" }.to_string();
+                }
+                "restart" => {
+                    row.state = "backoff".to_string();
+                    row.restarts = event["restarts"]
+                        .as_u64()
+                        .map_or(row.restarts + 1, |n| n as u32);
+                }
+                "failed" | "crash-loop" => row.state = "failed".to_string(),
+                "blocked" => row.state = "blocked".to_string(),
+                _ => {}
+            }
+        }
+    }
+    order
+        .into_iter()
+        .filter_map(|key| rows.remove(&key))
+        .collect()
+}
+
+/// The JSON objects of an event log's text (bad lines skipped: a killed writer can leave one).
+pub fn parse_events(text: &str) -> Vec<Value> {
+    text.lines()
+        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+        .filter(Value::is_object)
+        .collect()
+}
+
+/// An event worded for the screen.
+pub fn event_line(event: &Value) -> EventLine {
+    let field = |name: &str| -> String {
+        match &event[name] {
+            Value::String(text) => text.clone(),
+            Value::Null => String::new(),
+            other => other.to_string(),
+        }
+    };
+    let process = field("process");
+    let kind = field("kind");
+    let text = match kind.as_str() {
+        "job-start" => format!("job {} (pid {})", field("job"), field("pid")),
+        "start" => format!("{process} pid {}", field("pid")),
+        "ready" => process,
+        "exit" => {
+            let how = match field("summary") {
+                summary if !summary.is_empty() => summary,
+                _ if event["signal"].is_string() => format!("signal {}", field("signal")),
+                _ => format!("code {}", field("code")),
+            };
+            format!("{process} {how} ({})", field("cause"))
+        }
+        "restart" => format!(
+            "{process} in {} ms ({})",
+            field("delay_ms"),
+            field("reason")
+        ),
+        "crash-loop" | "failed" | "blocked" => format!("{process}: {}", field("reason")),
+        "shutdown" => field("reason"),
+        "signal" => format!("{} to {process}", field("signal")),
+        "signal-received" => field("signal"),
+        "control" => format!("{} {process}", field("cmd")).trim_end().to_string(),
+        "denial" => format!(
+            "{process} pid {}: {} refused ({} of {} used)",
+            field("pid"),
+            event["size_bytes"].as_u64().map_or("?".into(), short_bytes),
+            event["used_bytes"].as_u64().map_or("?".into(), short_bytes),
+            event["limit_bytes"]
+                .as_u64()
+                .map_or("?".into(), short_bytes),
+        ),
+        "violation" => format!(
+            "{process} pid {} ({}) tried CUDA",
+            field("pid"),
+            field("executable")
+        ),
+        "clean-up" => format!("{} {}", field("what"), field("removed")),
+        "job-end" => format!("status {}", field("status")),
+        _ => process,
+    };
+    EventLine {
+        time: clock_of(&field("t")),
+        kind,
+        text: text.lines().next().unwrap_or_default().to_string(),
+    }
+}
+
+/// `HH:MM:SS` of an RFC 3339 time (`2026-11-21T23:25:16.123Z`), or "" when it is not one.
+fn clock_of(rfc3339: &str) -> String {
+    match rfc3339.get(11..19) {
+        Some(clock) if rfc3339.as_bytes().get(10) == Some(&b'T') => clock.to_string(),
+        _ => String::new(),
+    }
+}
+
+/// The lines of a supervisor log's text: `2026-11-21T23:25:16.123Z O text` (`E` for stderr);
+/// lines without that prefix are shown as they are.
+pub fn parse_log_lines(text: &str) -> Vec<LogLine> {
+    text.lines()
+        .map(|line| {
+            let time = clock_of(line);
+            let rest = line.split_once(' ').map(|(_, rest)| rest);
+            match rest.and_then(|rest| rest.split_at_checked(2)) {
+                Some((stream @ ("O " | "E "), text)) if !time.is_empty() => LogLine {
+                    time,
+                    stderr: stream == "E ",
+                    text: text.to_string(),
+                },
+                _ => LogLine {
+                    time: String::new(),
+                    stderr: false,
+                    text: line.to_string(),
+                },
+            }
+        })
+        .collect()
+}
+
+/// The last `max_bytes` of a file as text, starting at a line boundary (the first, partial
+/// line is dropped when the read did not start at the beginning).
+pub fn read_tail(path: &Path, max_bytes: u64) -> std::io::Result<String> {
+    let mut file = File::open(path)?;
+    let length = file.metadata()?.len();
+    let start = length.saturating_sub(max_bytes);
+    file.seek(SeekFrom::Start(start))?;
+    let mut bytes = Vec::with_capacity((length - start) as usize);
+    file.read_to_end(&mut bytes)?;
+    let text = String::from_utf8_lossy(&bytes).into_owned();
+    if start == 0 {
+        return Ok(text);
+    }
+    Ok(match text.split_once('\n') {
+        Some((_, rest)) => rest.to_string(),
+        None => String::new(),
+    })
+}

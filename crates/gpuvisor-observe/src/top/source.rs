@@ -1,0 +1,355 @@
+//! Where `top`'s data comes from, behind [`TopSource`]: a run directory ([`RunSource`]: the
+//! supervisor's control socket while it runs, its record after) or the whole machine
+//! ([`MachineSource`]: every process holding GPU memory, like nvitop).
+//!
+//! GPU figures come through a [`GpuProbe`] the caller provides (NVML or the simulated
+//! inventory, which live in the CLI); CPU and resident memory come from /proc here.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+use gpuvisor_core::inventory::GpuProcess;
+use serde_json::{json, Value};
+
+use super::app::Action;
+use super::model::{GpuView, Segment, TopModel, UTIL_HISTORY_LEN};
+use super::procfs::ProcStats;
+use super::record::{
+    event_line, log_path, merge_sample, parse_events, parse_log_lines, parse_plan, read_tail,
+    rows_from_events, rows_from_ps, PlanInfo, TAIL_BYTES,
+};
+
+/// How many events the screen keeps.
+pub(super) const EVENTS_KEPT: usize = 200;
+/// How many log lines a tail keeps.
+const LOG_LINES_KEPT: usize = 500;
+
+/// A source of frames for `top`.
+pub trait TopSource {
+    /// Reads the current state; `selected` is the row whose log tail to include.
+    fn poll(&mut self, selected: Option<&str>) -> TopModel;
+    /// Carries out a restart or stop; the answer is the status-line message.
+    fn act(&mut self, action: &Action) -> Result<String, String>;
+}
+
+/// One GPU as a probe sees it right now.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct GpuSample {
+    /// NVML index.
+    pub index: u32,
+    /// Model name.
+    pub name: String,
+    /// Total memory, bytes.
+    pub total_bytes: u64,
+    /// Memory in use by anyone, bytes.
+    pub used_bytes: Option<u64>,
+    /// Utilisation in percent, when the probe can read it.
+    pub util_percent: Option<u8>,
+    /// The processes holding memory on it.
+    pub processes: Vec<GpuProcess>,
+}
+
+/// Reads the GPUs of the machine (NVML or a simulated inventory); an error is shown in the
+/// status line and the last figures stay.
+pub type GpuProbe = Box<dyn FnMut() -> Result<Vec<GpuSample>, String>>;
+
+/// Sends one request to a supervisor's control socket and reads its one-line JSON reply.
+pub fn control_request(socket: &Path, request: &Value) -> std::io::Result<Value> {
+    let mut stream = UnixStream::connect(socket)?;
+    // A supervisor busy stopping a job answers late; the UI must not freeze for long.
+    stream.set_read_timeout(Some(Duration::from_secs(3)))?;
+    stream.set_write_timeout(Some(Duration::from_secs(3)))?;
+    let mut line = request.to_string();
+    line.push('\n');
+    stream.write_all(line.as_bytes())?;
+    let mut reply = String::new();
+    BufReader::new(stream).read_line(&mut reply)?;
+    serde_json::from_str(&reply).map_err(std::io::Error::other)
+}
+
+pub(super) fn push_util(history: &mut VecDeque<u8>, sample: Option<u8>) {
+    if let Some(percent) = sample {
+        if history.len() == UTIL_HISTORY_LEN {
+            history.pop_front();
+        }
+        history.push_back(percent);
+    }
+}
+
+fn seconds_since(modified: std::io::Result<SystemTime>) -> Option<u64> {
+    let modified = modified.ok()?;
+    Some(
+        SystemTime::now()
+            .duration_since(modified)
+            .unwrap_or_default()
+            .as_secs(),
+    )
+}
+
+/// A run directory: live through its control socket while the supervisor answers, else from
+/// its record (plan.json, events.jsonl, logs/).
+pub struct RunSource {
+    run: PathBuf,
+    probe: Option<GpuProbe>,
+    plan: Option<PlanInfo>,
+    procs: ProcStats,
+    util: BTreeMap<u32, VecDeque<u8>>,
+    events_cache: (Option<FileStamp>, Vec<Value>),
+}
+
+/// A file's length and modification time: when both are unchanged, so is its tail.
+type FileStamp = (u64, Option<SystemTime>);
+
+impl RunSource {
+    /// A source over `run`; `probe` adds per-GPU usage and utilisation when given.
+    pub fn new(run: PathBuf, probe: Option<GpuProbe>) -> Self {
+        Self {
+            run,
+            probe,
+            plan: None,
+            procs: ProcStats::default(),
+            util: BTreeMap::new(),
+            events_cache: (None, Vec::new()),
+        }
+    }
+
+    /// The tail of the event log, parsed again only when the file has grown or changed.
+    fn events(&mut self) -> Vec<Value> {
+        let path = self.run.join("events.jsonl");
+        let stamp = std::fs::metadata(&path)
+            .ok()
+            .map(|meta| (meta.len(), meta.modified().ok()));
+        if stamp.is_none() || stamp != self.events_cache.0 {
+            let text = read_tail(&path, TAIL_BYTES * 4).unwrap_or_default();
+            self.events_cache = (stamp, parse_events(&text));
+        }
+        self.events_cache.1.clone()
+    }
+
+    fn socket(&self) -> PathBuf {
+        self.run.join("control.sock")
+    }
+
+    fn plan(&mut self) -> Result<&PlanInfo, String> {
+        if self.plan.is_none() {
+            let path = self.run.join("plan.json");
+            let text = std::fs::read_to_string(&path)
+                .map_err(|error| format!("cannot read {}: {error}", path.display()))?;
+            let plan = parse_plan(&text)
+                .map_err(|error| format!("cannot read {}: {error}", path.display()))?;
+            self.plan = Some(plan);
+        }
+        Ok(self.plan.as_ref().expect("just set"))
+    }
+}
+
+impl TopSource for RunSource {
+    fn poll(&mut self, selected: Option<&str>) -> TopModel {
+        let mut model = TopModel {
+            title: self.run.display().to_string(),
+            supervised: true,
+            ..TopModel::default()
+        };
+        let plan = match self.plan() {
+            Ok(plan) => plan.clone(),
+            Err(why) => {
+                model.warning = Some(why);
+                PlanInfo::default()
+            }
+        };
+        let events = self.events();
+        let live = control_request(&self.socket(), &json!({"cmd": "ps"}))
+            .ok()
+            .filter(|reply| reply["ok"] == true);
+        // The sampler's snapshot, where the supervisor has one (older ones refuse the request).
+        let snapshot = live
+            .as_ref()
+            .and_then(|_| control_request(&self.socket(), &json!({"cmd": "sample"})).ok())
+            .filter(|reply| reply["ok"] == true)
+            .map(|mut reply| reply["sample"].take())
+            .filter(|sample| sample["replicas"].as_array().is_some_and(|r| !r.is_empty()));
+        model.rows = match &live {
+            Some(reply) => {
+                let mut rows = rows_from_ps(&reply["replicas"]);
+                if let Some(snapshot) = &snapshot {
+                    merge_sample(&mut rows, snapshot);
+                    model.source_note = "live, sampled".to_string();
+                } else {
+                    model.source_note = "live".to_string();
+                }
+                rows
+            }
+            None => {
+                model.source_note = "not running: from its record".to_string();
+                // The event tail may have lost a run's first events; restarts then count
+                // from there.
+                rows_from_events(&plan, &events)
+            }
+        };
+
+        // CPU and RSS of each replica's process group (its keeper's), when it runs.
+        let groups = live.as_ref().map(|reply| {
+            reply["replicas"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|r| Some((r["label"].as_str()?.to_string(), r["group"].as_u64()?)))
+                .collect::<HashMap<String, u64>>()
+        });
+        // Without the sampler's figures, CPU and RSS come from /proc here.
+        let groups = groups.filter(|groups| !groups.is_empty() && snapshot.is_none());
+        if let Some(groups) = groups {
+            for row in &mut model.rows {
+                let Some(&group) = groups.get(&row.key) else {
+                    continue;
+                };
+                // The keeper (the group's leader) and everything below it.
+                let tree = ProcStats::tree(group as u32);
+                if tree.is_empty() {
+                    continue;
+                }
+                let ticks = tree.iter().map(|stat| stat.cpu_ticks).sum();
+                let pages = tree.iter().map(|stat| stat.rss_pages).sum();
+                let (cpu, rss) = self.procs.figures(group as u32, ticks, pages);
+                row.cpu_percent = cpu;
+                row.rss_bytes = Some(rss);
+            }
+        }
+
+        // The sampler knows when the tree last printed; without it, the log file's time.
+        for row in model
+            .rows
+            .iter_mut()
+            .filter(|row| row.since_log_secs.is_none())
+        {
+            if let Some(planned) = plan.replicas.iter().find(|p| p.label == row.key) {
+                let path = self.run.join(log_path(
+                    &planned.process,
+                    planned.replica,
+                    planned.replicas,
+                ));
+                row.since_log_secs =
+                    seconds_since(std::fs::metadata(&path).and_then(|m| m.modified()));
+            }
+        }
+
+        // The supervisor samples the GPUs itself (NVML or the simulator); ask the probe only
+        // when it does not.
+        let from_snapshot = snapshot.as_ref().map(gpu_samples_of_snapshot);
+        let samples = match from_snapshot {
+            Some(samples) if !samples.is_empty() => samples,
+            _ => match self.probe.as_mut().map(|probe| probe()) {
+                Some(Ok(samples)) => samples,
+                Some(Err(why)) => {
+                    model.warning.get_or_insert(why);
+                    Vec::new()
+                }
+                None => Vec::new(),
+            },
+        };
+        for gpu in &plan.gpus {
+            let sample = samples.iter().find(|s| s.index == gpu.index);
+            let history = self.util.entry(gpu.index).or_default();
+            push_util(history, sample.and_then(|s| s.util_percent));
+            let segments = plan
+                .replicas
+                .iter()
+                .filter(|replica| replica.gpus.contains(&gpu.index) && replica.budget_bytes > 0)
+                .map(|replica| {
+                    let used = model
+                        .rows
+                        .iter()
+                        .find(|row| row.key == replica.label)
+                        .and_then(|row| row.gpu_used_bytes)
+                        .unwrap_or(0);
+                    Segment {
+                        label: replica.label.clone(),
+                        // The ledger's figure is the replica's total; spread it over its GPUs.
+                        used_bytes: used / replica.gpus.len().max(1) as u64,
+                        budget_bytes: Some(replica.budget_bytes),
+                    }
+                })
+                .collect();
+            model.gpus.push(GpuView {
+                index: gpu.index,
+                name: gpu.name.clone(),
+                total_bytes: gpu.total_bytes,
+                used_bytes: sample.and_then(|s| s.used_bytes),
+                segments,
+                util_history: history.clone(),
+            });
+        }
+
+        model.events = events
+            .iter()
+            .rev()
+            .take(EVENTS_KEPT)
+            .rev()
+            .map(event_line)
+            .collect();
+
+        let selected = selected.and_then(|key| plan.replicas.iter().find(|p| p.label == key));
+        match selected {
+            Some(planned) => {
+                let relative = log_path(&planned.process, planned.replica, planned.replicas);
+                match read_tail(&self.run.join(&relative), TAIL_BYTES) {
+                    Ok(text) => {
+                        let mut lines = parse_log_lines(&text);
+                        lines.drain(..lines.len().saturating_sub(LOG_LINES_KEPT));
+                        model.log_tail = lines;
+                        model.log_title = relative;
+                    }
+                    Err(_) => model.log_title = format!("{relative} (none yet)"),
+                }
+            }
+            None => model.log_title = "no process selected".to_string(),
+        }
+        model
+    }
+
+    fn act(&mut self, action: &Action) -> Result<String, String> {
+        let (request, done) = match action {
+            Action::Restart(process) => (
+                json!({"cmd": "restart", "process": process}),
+                format!("restart of {process} requested"),
+            ),
+            Action::Stop(process) => (
+                json!({"cmd": "stop", "process": process}),
+                format!("stop of {process} requested"),
+            ),
+            Action::None | Action::Quit => return Ok(String::new()),
+        };
+        let reply = control_request(&self.socket(), &request)
+            .map_err(|error| format!("the run is not running (control socket: {error})"))?;
+        if reply["ok"] == true {
+            Ok(done)
+        } else {
+            let error = reply["error"].as_str().unwrap_or("the supervisor refused");
+            Err(error.lines().next().unwrap_or(error).to_string())
+        }
+    }
+}
+
+/// The GPUs of a sampler snapshot (`{"cmd":"sample"}`), as probe samples.
+pub fn gpu_samples_of_snapshot(snapshot: &Value) -> Vec<GpuSample> {
+    snapshot["gpus"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|gpu| {
+            Some(GpuSample {
+                index: gpu["index"].as_u64()? as u32,
+                name: gpu["name"].as_str().unwrap_or_default().to_string(),
+                total_bytes: gpu["total_bytes"].as_u64().unwrap_or(0),
+                used_bytes: gpu["used_bytes"].as_u64(),
+                util_percent: gpu["utilization_percent"]
+                    .as_u64()
+                    .map(|percent| percent.min(100) as u8),
+                processes: Vec::new(),
+            })
+        })
+        .collect()
+}
