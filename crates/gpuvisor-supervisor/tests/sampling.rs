@@ -302,3 +302,39 @@ fn over_budget_replicas_are_restarted_or_killed_by_policy() {
         .iter()
         .any(|e| e["process"] == "warned"));
 }
+
+#[test]
+fn a_stalled_python_replica_gets_its_stack_dumped_where_py_spy_is_installed() {
+    if gpuvisor_supervisor::stacks::find_py_spy().is_none() {
+        eprintln!("skipped: py-spy is not on PATH (pip install py-spy)");
+        return;
+    }
+    let stall = ReplicaPolicy {
+        stall_after: Some(Duration::from_millis(1500)),
+        ..ReplicaPolicy::default()
+    };
+    let script = "import time\nprint('start', flush=True)\ndef waiting_for_the_coordinator():\n    time.sleep(60)\nwaiting_for_the_coordinator()\n";
+    let replica = shell("learner", &format!("exec python3 -c \"{script}\""));
+    let mut dump = String::new();
+    let (run_path, events, _keep) = supervise_with(
+        vec![replica],
+        fast_options(vec![stall]),
+        gpuvisor_supervisor::supervisor::NoHooks,
+        |socket| {
+            let stacks = socket.parent().unwrap().join("stacks");
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while Instant::now() < deadline && !dump.contains("waiting_for_the_coordinator") {
+                std::thread::sleep(Duration::from_millis(200));
+                for entry in std::fs::read_dir(&stacks).into_iter().flatten().flatten() {
+                    dump = std::fs::read_to_string(entry.path()).unwrap_or_default();
+                }
+            }
+        },
+    );
+    let stall = kinds(&events, "stall");
+    assert_eq!(stall.len(), 1, "{events:?}");
+    assert_eq!(stall[0]["class"], "waiting");
+    let file = stall[0]["stacks"][0].as_str().unwrap();
+    assert!(run_path.join(file).exists(), "{file}");
+    assert!(dump.contains("waiting_for_the_coordinator"), "{dump}");
+}
