@@ -110,6 +110,9 @@ pub struct ProcessStat {
     pub gpu_bytes: u64,
     /// GPUs (source indices) it holds memory on.
     pub gpus: Vec<u32>,
+    /// Bytes it holds on each of `gpus`, in the same order.
+    #[serde(default)]
+    pub gpu_bytes_by_gpu: Vec<u64>,
     /// GPU SM utilisation, percent (NVML only).
     pub gpu_utilization_percent: Option<u32>,
     /// Its command line (for GPU processes and offenders; empty otherwise, to stay cheap).

@@ -350,8 +350,12 @@ impl Sampler {
                 },
             };
             target.gpu_bytes += reading.used_bytes;
-            if !target.gpus.contains(&reading.device) {
-                target.gpus.push(reading.device);
+            match target.gpus.iter().position(|&gpu| gpu == reading.device) {
+                Some(at) => target.gpu_bytes_by_gpu[at] += reading.used_bytes,
+                None => {
+                    target.gpus.push(reading.device);
+                    target.gpu_bytes_by_gpu.push(reading.used_bytes);
+                }
             }
             if let Some(percent) = reading.utilization_percent {
                 target.gpu_utilization_percent =

@@ -115,6 +115,7 @@ fn gpu_processes_count_toward_the_replica_they_descend_from() {
     let row = snapshot.processes.iter().find(|p| p.pid == worker).unwrap();
     assert_eq!(row.replica, Some(0));
     assert_eq!(row.gpus, vec![0, 1]);
+    assert_eq!(row.gpu_bytes_by_gpu, vec![3 << 20, 1 << 20]);
     assert_eq!(row.command, "sleep 31");
     assert_eq!(snapshot.foreign_gpu_processes.len(), 1);
     assert_eq!(snapshot.foreign_gpu_processes[0].pid, stranger_pid);

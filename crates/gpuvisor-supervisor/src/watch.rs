@@ -218,8 +218,11 @@ impl Watch {
             // The budget is per GPU: the most the tree holds on any one GPU.
             let mut per_gpu: Vec<(u32, u64)> = Vec::new();
             for process in members[index].iter().map(|&at| &snapshot.processes[at]) {
-                let share = process.gpu_bytes / process.gpus.len().max(1) as u64;
-                for &gpu in &process.gpus {
+                // Per GPU where the source says so; else the total spread evenly (hand-made
+                // snapshots, older records).
+                let even = process.gpu_bytes / process.gpus.len().max(1) as u64;
+                for (at, &gpu) in process.gpus.iter().enumerate() {
+                    let share = process.gpu_bytes_by_gpu.get(at).copied().unwrap_or(even);
                     match per_gpu.iter_mut().find(|(g, _)| *g == gpu) {
                         Some((_, bytes)) => *bytes += share,
                         None => per_gpu.push((gpu, share)),

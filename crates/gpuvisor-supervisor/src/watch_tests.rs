@@ -241,3 +241,20 @@ fn with_children_cpu_only_the_replica_itself_may_use_its_gpu_but_not_its_childre
     assert_eq!(findings.len(), 1, "{findings:?}");
     assert_eq!(findings[0].remedy, Some(Remedy::KillPid(11)));
 }
+
+#[test]
+fn the_budget_is_per_gpu_with_the_sources_split() {
+    let mut watch = Watch::new(config(BudgetAction::Warn, GpuUseAction::Warn));
+    let mut two_gpus = snapshot(0);
+    two_gpus.processes[0].gpu_bytes = 50;
+    two_gpus.processes[0].gpus = vec![0, 1];
+    two_gpus.processes[0].gpu_bytes_by_gpu = vec![5, 45];
+    let findings = watch.check(&mut two_gpus, &[]);
+    assert_eq!(findings.len(), 1, "{findings:?}");
+    assert_eq!(findings[0].event.fields["gpu"], 1);
+    assert_eq!(findings[0].event.fields["used_bytes"], 45);
+    // Split evenly (25 each) the same total is within the budget of 40 per GPU.
+    let mut watch = Watch::new(config(BudgetAction::Warn, GpuUseAction::Warn));
+    two_gpus.processes[0].gpu_bytes_by_gpu = vec![25, 25];
+    assert!(watch.check(&mut two_gpus, &[]).is_empty());
+}
