@@ -478,6 +478,8 @@ SECTIONS = {
     "shim-startup": section_shim_startup,
     # Log throughput against supervisord and honcho, start-up of 256 replicas.
     "supervisor": lambda args: __import__("bench_supervisor").section(args),
+    # Supervisor CPU and RSS with 256 replicas sampled every 100 ms.
+    "sampler": lambda args: __import__("bench_sampler").section(args),
 }
 
 

@@ -60,6 +60,9 @@ pub enum Command {
     /// Run a job: start every process with its budget, in dependency order; restart by
     /// policy; stop everything on Ctrl-C. Records everything in a run directory.
     Run(crate::commands::run::RunArgs),
+    /// Render a run as one self-contained HTML page: memory over time per GPU against
+    /// budgets, events on a timeline, exits, and what went wrong.
+    Report(crate::commands::report::ReportArgs),
     /// Show the processes of a run (the latest in ./runs by default).
     Ps(crate::commands::ps::PsArgs),
     /// Stop a whole run, or one of its processes.

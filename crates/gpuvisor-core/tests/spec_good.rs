@@ -289,3 +289,47 @@ fn every_example_parses() {
         );
     }
 }
+
+#[test]
+fn runtime_policies_parse_with_their_defaults() {
+    use gpuvisor_core::spec::{BudgetAction, GpuUseAction, WatchSpec};
+    let text = r#"
+[job]
+sample_interval = "100ms"
+
+[gpus]
+headroom_alarm = "2GiB"
+
+[process.learner]
+command = ["python", "learn.py"]
+on_budget_exceeded = "restart"
+stall_after = "10m"
+
+[process.collector]
+command = ["python", "collect.py"]
+device = "cpu"
+on_gpu_use = "kill"
+
+[process.env]
+command = ["python", "env.py"]
+children_cpu_only = true
+on_gpu_use = "warn"
+"#;
+    let job = parse_job(Path::new("policies.toml"), text).unwrap();
+    assert_eq!(job.sample_interval_ms, 100);
+    assert_eq!(job.gpus.headroom_alarm_bytes, Some(2 * GIB));
+    assert_eq!(
+        job.processes[0].watch,
+        WatchSpec {
+            on_budget_exceeded: BudgetAction::Restart,
+            on_gpu_use: GpuUseAction::Warn,
+            stall_after_ms: Some(600_000),
+        }
+    );
+    assert_eq!(job.processes[1].watch.on_gpu_use, GpuUseAction::Kill);
+    assert_eq!(job.processes[2].watch.on_gpu_use, GpuUseAction::Warn);
+    let minimal = parse_good("minimal.toml");
+    assert_eq!(minimal.sample_interval_ms, 500);
+    assert_eq!(minimal.gpus.headroom_alarm_bytes, None);
+    assert_eq!(minimal.processes[0].watch, WatchSpec::default());
+}

@@ -11,10 +11,16 @@
 //!
 //! - [`top`] is `gpuvisor top`: the live terminal view of a run or of the machine's GPUs.
 //!
-//! Later this crate also holds the live sampler and the HTML run report; they share the
-//! run-directory reading that `explain` starts with.
+//! - [`run_record`] reads a run directory back (plan, events, samples); [`run_memory`] turns
+//!   its samples into who held how much of each GPU, when; [`run_explain`] orders a run's
+//!   failures, shows who held the GPU at each and which process started each chain;
+//!   [`report`] renders all of it as one self-contained HTML page (`gpuvisor report`).
 
 pub mod doctor;
 pub mod explain;
+pub mod report;
+pub mod run_explain;
+pub mod run_memory;
+pub mod run_record;
 pub mod size_text;
 pub mod top;

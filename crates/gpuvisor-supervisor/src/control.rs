@@ -6,6 +6,8 @@
 //! < {"ok":true,"job":"rl","replicas":[{"label":"learner","state":"running",...}]}
 //! > {"cmd":"stop","process":"actor"}        (no "process": stop the whole job)
 //! < {"ok":true}
+//! > {"cmd":"sample"}
+//! < {"ok":true,"sample":{"time_unix_ms":...,"gpus":[...],"replicas":[...],...}}
 //! > {"cmd":"restart","process":"actor"}
 //! < {"ok":false,"error":"no process `actr` in job rl\n  hint: processes are: learner, actor"}
 //! ```
@@ -37,6 +39,9 @@ pub enum Request {
         /// The process.
         process: String,
     },
+    /// The sampler's latest [`crate::sample::Snapshot`]: reply
+    /// `{"ok":true,"sample":{...}}` (`"sample":null` before the first tick).
+    Sample,
 }
 
 /// One row of `ps`.
@@ -151,6 +156,8 @@ mod tests {
         );
         let stop: Request = serde_json::from_str(r#"{"cmd":"stop"}"#).unwrap();
         assert_eq!(stop, Request::Stop { process: None });
+        let sample: Request = serde_json::from_str(r#"{"cmd":"sample"}"#).unwrap();
+        assert_eq!(sample, Request::Sample);
         let restart: Request = serde_json::from_str(r#"{"cmd":"restart","process":"a"}"#).unwrap();
         assert_eq!(
             restart,

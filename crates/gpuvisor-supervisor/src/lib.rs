@@ -10,6 +10,14 @@
 //! - [`logs`] pumps every pipe into timestamped files and the [`terminal`];
 //! - [`cause`] classifies exits, [`cleanup`] removes the job's /dev/shm leftovers, [`control`]
 //!   is the control socket;
+//! - [`sampler`] reads GPUs ([`gpu_source`]: NVML or the simulator), /proc and the ledger
+//!   each tick into a [`sample::Snapshot`];
+//! - [`watch`] applies the policies (budget, GPU use by CPU-only processes, headroom) and
+//!   detects stalls;
+//! - [`metrics`] serves the latest snapshot as OpenMetrics / Prometheus text (`--metrics`);
+//! - [`samples`] records the snapshots, downsampled by age (`samples/` in the run directory),
+//!   and reads them back; [`stacks`] dumps a stalled replica's Python stacks (py-spy);
+//! - [`sample`] is what the sampler sees at one tick (served by `{"cmd":"sample"}`);
 //! - [`supervisor`] is the event loop tying them together: [`supervisor::supervise`].
 
 pub mod cause;
@@ -17,12 +25,19 @@ pub mod cleanup;
 pub mod clock;
 pub mod control;
 pub mod events;
+pub mod gpu_source;
 pub mod keeper;
 pub mod logs;
+pub mod metrics;
 pub mod procfs;
 pub mod record;
 pub mod rundir;
+pub mod sample;
+pub mod sampler;
+pub mod samples;
 pub mod spawn;
+pub mod stacks;
 pub mod state;
 pub mod supervisor;
 pub mod terminal;
+pub mod watch;

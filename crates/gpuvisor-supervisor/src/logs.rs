@@ -12,7 +12,9 @@ use std::io::{self, Read, Write};
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use nix::fcntl::{fcntl, FcntlArg, OFlag};
@@ -76,6 +78,7 @@ struct Registration {
 #[derive(Debug)]
 pub struct LogPump {
     sender: Sender<Registration>,
+    last_output: Arc<Vec<AtomicU64>>,
     wake: OwnedFd,
     thread: JoinHandle<()>,
 }
@@ -99,6 +102,8 @@ impl LogPump {
         events: Box<dyn Fn(LogEvent) + Send>,
     ) -> io::Result<LogPump> {
         let (sender, receiver) = mpsc::channel();
+        let last_output: Arc<Vec<AtomicU64>> =
+            Arc::new(file_stems.iter().map(|_| AtomicU64::new(0)).collect());
         let (wake_read, wake) = pipe()?;
         set_nonblocking(&wake_read)?;
         let mut pump = Pump {
@@ -106,6 +111,7 @@ impl LogPump {
             file_stems,
             terminal,
             events,
+            last_output: Arc::clone(&last_output),
             replicas: Vec::new(),
             streams: Vec::new(),
             receiver,
@@ -118,9 +124,16 @@ impl LogPump {
             .spawn(move || pump.run())?;
         Ok(LogPump {
             sender,
+            last_output,
             wake,
             thread,
         })
+    }
+
+    /// When each replica (index) last wrote anything, Unix milliseconds (0: never); for stall
+    /// detection.
+    pub fn last_output(&self) -> Arc<Vec<AtomicU64>> {
+        Arc::clone(&self.last_output)
     }
 
     /// Hands a started replica's pipes to the pump.
@@ -187,6 +200,7 @@ struct Pump {
     file_stems: Vec<String>,
     terminal: Option<TerminalQueue>,
     events: Box<dyn Fn(LogEvent) + Send>,
+    last_output: Arc<Vec<AtomicU64>>,
     replicas: Vec<Option<ReplicaLog>>,
     streams: Vec<Stream>,
     receiver: Receiver<Registration>,
@@ -316,6 +330,9 @@ impl Pump {
                     break;
                 }
                 Ok(count) => {
+                    if let Some(last) = self.last_output.get(self.streams[index].replica) {
+                        last.store(now_unix_ms(), Ordering::Relaxed);
+                    }
                     self.take_chunk(index, &buffer[..count], timestamp);
                     if count < buffer.len() {
                         break;

@@ -106,6 +106,21 @@ pub fn children(pid: i32) -> Vec<i32> {
     }
 }
 
+/// Direct children of a single-threaded `pid` (its one children list: 3 system calls), or of
+/// any process through [`children`].
+pub fn children_of(pid: i32, threads: u32) -> Vec<i32> {
+    if threads != 1 {
+        return children(pid);
+    }
+    match fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")) {
+        Ok(text) => text
+            .split_whitespace()
+            .filter_map(|word| word.parse().ok())
+            .collect(),
+        Err(_) => children(pid),
+    }
+}
+
 /// Resident memory of `pid` in bytes (VmRSS).
 pub fn rss_bytes(pid: i32) -> Option<u64> {
     let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
@@ -130,9 +145,229 @@ pub fn mapped_shm(pid: i32) -> Vec<String> {
     found
 }
 
+/// The fields of /proc/PID/stat the sampler uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProcSample {
+    /// Process id.
+    pub pid: i32,
+    /// Parent's pid.
+    pub ppid: i32,
+    /// Process group.
+    pub pgid: i32,
+    /// State letter (`R`, `S`, `D`, `Z`, ...).
+    pub state: char,
+    /// User + system CPU time, clock ticks (USER_HZ, 100 per second on Linux).
+    pub cpu_ticks: u64,
+    /// Start time after boot, clock ticks: with the pid, it names one process (pids are reused).
+    pub start_ticks: u64,
+    /// Resident pages.
+    pub rss_pages: u64,
+    /// Threads.
+    pub threads: u32,
+}
+
+/// Clock ticks per second in /proc (USER_HZ: fixed at 100 for user space on Linux).
+pub const TICKS_PER_SECOND: u64 = 100;
+
+/// Parses the text of /proc/PID/stat into the sampler's fields.
+pub fn parse_sample(text: &str) -> Option<ProcSample> {
+    let pid = text.split_whitespace().next()?.parse().ok()?;
+    let after_name = &text[text.rfind(')')? + 1..];
+    let fields: Vec<&str> = after_name.split_whitespace().take(22).collect();
+    let number = |index: usize| -> Option<u64> { fields.get(index)?.parse().ok() };
+    Some(ProcSample {
+        pid,
+        state: fields.first()?.chars().next()?,
+        ppid: fields.get(1)?.parse().ok()?,
+        pgid: fields.get(2)?.parse().ok()?,
+        cpu_ticks: number(11)? + number(12)?,
+        start_ticks: number(19)?,
+        rss_pages: number(21)?,
+        threads: number(17)? as u32,
+    })
+}
+
+/// The sampler's fields of `pid`'s stat, if it exists (one open/read/close).
+pub fn stat_sample(pid: i32) -> Option<ProcSample> {
+    parse_sample(&fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+}
+
+/// Whether `pid` exists and is not a zombie.
+pub fn alive(pid: i32) -> bool {
+    stat_sample(pid).is_some_and(|sample| !matches!(sample.state, 'Z' | 'X'))
+}
+
+/// Reads one /proc/PID file (`stat`, `schedstat`) of many processes repeatedly, cheaply: each
+/// file stays open and is re-read from offset 0 (one `pread` per process per tick instead of
+/// open/read/close). An open file keeps naming its process: once that process is gone the
+/// read fails, so a reused pid is never mistaken for it.
+#[derive(Debug)]
+pub struct StatReader {
+    /// The file under /proc/PID/; `children` means the main thread's children list.
+    name: &'static str,
+    files: std::collections::HashMap<i32, fs::File>,
+    buffer: Vec<u8>,
+}
+
+impl Default for StatReader {
+    fn default() -> StatReader {
+        StatReader::new()
+    }
+}
+
+impl StatReader {
+    /// A reader of /proc/PID/stat.
+    pub fn new() -> StatReader {
+        StatReader::for_file("stat")
+    }
+
+    /// A reader of /proc/PID/`name`; `children` reads /proc/PID/task/PID/children (the main
+    /// thread's children: a process's whole list only when it has one thread).
+    pub fn for_file(name: &'static str) -> StatReader {
+        StatReader {
+            name,
+            files: std::collections::HashMap::new(),
+            buffer: vec![0; 1024],
+        }
+    }
+
+    /// The stat of `pid` now; `None` (and the file closed) when it is gone.
+    pub fn read(&mut self, pid: i32) -> Option<ProcSample> {
+        self.read_with(pid, parse_sample)
+    }
+
+    /// The file of `pid` now, parsed by `parse`; `None` (and the file closed) when it is gone
+    /// or does not parse.
+    pub fn read_with<T>(&mut self, pid: i32, parse: impl Fn(&str) -> Option<T>) -> Option<T> {
+        use std::os::unix::fs::FileExt;
+        let name = self.name;
+        let file = match self.files.entry(pid) {
+            std::collections::hash_map::Entry::Occupied(entry) => entry.into_mut(),
+            std::collections::hash_map::Entry::Vacant(entry) => {
+                let path = match name {
+                    "children" => format!("/proc/{pid}/task/{pid}/children"),
+                    _ => format!("/proc/{pid}/{name}"),
+                };
+                entry.insert(fs::File::open(path).ok()?)
+            }
+        };
+        // An empty read is a valid answer (no children); a gone process is a read error.
+        let parsed = match file.read_at(&mut self.buffer, 0) {
+            Ok(count) => std::str::from_utf8(&self.buffer[..count])
+                .ok()
+                .and_then(parse),
+            Err(_) => None,
+        };
+        if parsed.is_none() {
+            self.files.remove(&pid);
+        }
+        parsed
+    }
+
+    /// Closes the files of pids not in `keep`.
+    pub fn retain(&mut self, keep: impl Fn(i32) -> bool) {
+        self.files.retain(|pid, _| keep(*pid));
+    }
+
+    /// Files held open.
+    pub fn open_files(&self) -> usize {
+        self.files.len()
+    }
+}
+
+/// The pids of a children list.
+pub fn parse_pids(text: &str) -> Option<Vec<i32>> {
+    Some(
+        text.split_whitespace()
+            .filter_map(|word| word.parse().ok())
+            .collect(),
+    )
+}
+
+/// CPU time in nanoseconds from the text of /proc/PID/schedstat (its first field): far
+/// cheaper for the kernel to produce than /proc/PID/stat.
+pub fn parse_schedstat_ns(text: &str) -> Option<u64> {
+    text.split_whitespace().next()?.parse().ok()
+}
+
+/// The command line of `pid`, arguments joined by spaces (empty if unreadable).
+pub fn cmdline(pid: i32) -> String {
+    let Ok(raw) = fs::read(format!("/proc/{pid}/cmdline")) else {
+        return String::new();
+    };
+    let words: Vec<String> = raw
+        .split(|&byte| byte == 0)
+        .filter(|word| !word.is_empty())
+        .map(|word| String::from_utf8_lossy(word).into_owned())
+        .collect();
+    words.join(" ")
+}
+
+/// The kernel's page size in bytes (the first mapping's `KernelPageSize` in this process's
+/// smaps; 4096 if unreadable). Called once.
+pub fn page_bytes() -> u64 {
+    fs::read_to_string("/proc/self/smaps")
+        .ok()
+        .and_then(|text| {
+            let line = text
+                .lines()
+                .find(|line| line.starts_with("KernelPageSize:"))?;
+            let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+            Some(kib * 1024)
+        })
+        .unwrap_or(4096)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn full_stat_lines_parse() {
+        let text = "4242 (a (b) c) R 17 4242 4242 0 -1 4194560 100 0 0 0 250 50 0 0 20 0 3 0 9876 1000000 321 18446744073709551615";
+        let sample = parse_sample(text).unwrap();
+        assert_eq!(sample.pid, 4242);
+        assert_eq!(sample.ppid, 17);
+        assert_eq!(sample.state, 'R');
+        assert_eq!(sample.cpu_ticks, 300);
+        assert_eq!(sample.start_ticks, 9876);
+        assert_eq!(sample.rss_pages, 321);
+        assert_eq!(sample.threads, 3);
+    }
+
+    #[test]
+    fn a_stat_reader_rereads_and_forgets_the_dead() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let pid = child.id() as i32;
+        let mut reader = StatReader::new();
+        let first = reader.read(pid).unwrap();
+        assert_eq!(first.ppid, std::process::id() as i32);
+        assert_eq!(reader.read(pid).unwrap().start_ticks, first.start_ticks);
+        let mut sched = StatReader::for_file("schedstat");
+        assert!(sched.read_with(pid, parse_schedstat_ns).is_some());
+        let mut children = StatReader::for_file("children");
+        assert_eq!(children.read_with(pid, parse_pids), Some(Vec::new()));
+        let me = std::process::id() as i32;
+        assert!(children.read_with(me, parse_pids).is_some());
+        // Right after the fork the child may not have exec'd yet.
+        let mut command = String::new();
+        for _ in 0..200 {
+            command = cmdline(pid);
+            if command == "sleep 30" {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert_eq!(command, "sleep 30");
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert_eq!(reader.read(pid), None);
+        assert_eq!(reader.open_files(), 0);
+        assert!(!alive(pid));
+    }
 
     #[test]
     fn stat_lines_with_odd_names_parse() {

@@ -157,25 +157,53 @@ impl Machine {
             }
             Input::RestartProcess(name) => {
                 for index in self.indices_of(&name) {
-                    let slot = &mut self.slots[index];
-                    slot.restarts += 1;
+                    self.restart_one(now, index, "requested", &mut actions);
+                }
+            }
+            Input::RestartReplica(index, reason) => {
+                self.restart_one(now, index, &reason, &mut actions);
+            }
+            Input::KillReplica(index, reason) => {
+                if self.slots[index].phase.is_live() {
                     actions.push(replica_event(
                         index,
-                        Event::new("restart")
-                            .with("process", slot.member.label.clone())
-                            .with("reason", "requested")
-                            .with("restarts", slot.restarts),
+                        Event::new("stop")
+                            .with("process", self.slots[index].member.label.clone())
+                            .with("reason", reason),
                     ));
-                    if slot.phase.is_live() {
-                        self.request_stop(now, index, AfterStop::Restart, &mut actions);
-                    } else {
-                        slot.phase = Phase::Waiting;
+                    self.kill_now(now, index, &mut actions);
+                    if let Phase::Stopping {
+                        kill_at, killed, ..
+                    } = self.slots[index].phase
+                    {
+                        self.slots[index].phase = Phase::Stopping {
+                            kill_at,
+                            killed,
+                            then: AfterStop::Stay,
+                        };
                     }
                 }
             }
         }
         self.advance(now, &mut actions);
         actions
+    }
+
+    fn restart_one(&mut self, now: u64, index: usize, reason: &str, actions: &mut Vec<Action>) {
+        let slot = &mut self.slots[index];
+        slot.restarts += 1;
+        actions.push(replica_event(
+            index,
+            Event::new("restart")
+                .with("process", slot.member.label.clone())
+                .with("reason", reason)
+                .with("restarts", slot.restarts),
+        ));
+        if slot.phase.is_live() {
+            self.request_stop(now, index, AfterStop::Restart, actions);
+        } else {
+            slot.phase = Phase::Waiting;
+        }
     }
 
     fn indices_of(&self, process: &str) -> Vec<usize> {

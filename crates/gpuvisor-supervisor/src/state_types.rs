@@ -72,6 +72,11 @@ pub enum Input {
     StopProcess(String),
     /// Stop one process's replicas and start them again at once.
     RestartProcess(String),
+    /// Kill replica `index` now (SIGKILL, no grace) and keep it stopped: a policy's `kill`.
+    KillReplica(usize, String),
+    /// Stop replica `index` and start it again at once (counts as a restart): a policy's
+    /// `restart`; the text is the reason.
+    RestartReplica(usize, String),
 }
 
 /// Where a replica is in its life.

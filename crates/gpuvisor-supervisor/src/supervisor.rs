@@ -100,6 +100,10 @@ pub trait Hooks: Send {
     fn sample(&mut self) -> GpuSample {
         GpuSample::default()
     }
+    /// Where the sampler reads GPUs from (NVML, the simulator); asked once at the start.
+    fn gpu_source(&mut self) -> Option<Box<dyn crate::gpu_source::GpuSource>> {
+        None
+    }
     /// Every process is gone: release what was set up; events to record.
     fn finish(&mut self) -> Vec<Event> {
         Vec::new()
@@ -129,6 +133,13 @@ pub struct Options {
     pub shm_dir: PathBuf,
     /// How often process trees are sampled (RSS, pids, mapped /dev/shm files).
     pub sample_interval: Duration,
+    /// How often the sampler ticks (GPUs, /proc, ledger; policies, stalls, metrics, samples
+    /// file): 500 ms by default, 50 ms at the least.
+    pub sampler_interval: Duration,
+    /// Policies and stall detection.
+    pub watch: crate::watch::WatchConfig,
+    /// Serve metrics here (`--metrics`).
+    pub metrics: Option<SocketAddr>,
 }
 
 impl Options {
@@ -142,6 +153,9 @@ impl Options {
             keep_rotated: 5,
             shm_dir: PathBuf::from("/dev/shm"),
             sample_interval: Duration::from_secs(1),
+            sampler_interval: Duration::from_millis(500),
+            watch: crate::watch::WatchConfig::default(),
+            metrics: None,
         }
     }
 }
@@ -291,8 +305,39 @@ pub fn supervise(
                 }
             })?;
     }
+    let latest: crate::metrics::SharedSnapshot = Arc::default();
+    let metrics_address = match options.metrics {
+        Some(address) => Some(crate::metrics::serve(address, false, Arc::clone(&latest))?),
+        None => None,
+    };
+    let sampler_interval = options.sampler_interval.max(Duration::from_millis(50));
+    let sampler = crate::sampler::Sampler::new(
+        &options.job,
+        sampler_interval,
+        replicas
+            .iter()
+            .map(|spec| crate::sampler::ReplicaInfo {
+                process: spec.process.clone(),
+                replica: spec.replica,
+                label: spec.label.clone(),
+                budget_bytes: spec.budget_bytes,
+            })
+            .collect(),
+        hooks
+            .gpu_source()
+            .unwrap_or_else(|| Box::new(crate::gpu_source::NoGpus)),
+    );
+    let samples = match crate::samples::SampleWriter::create(&run_dir.path().join("samples")) {
+        Ok(writer) => Some(writer),
+        Err(error) => {
+            eprintln!("gpuvisor: cannot record samples: {error}");
+            None
+        }
+    };
     let members = replicas.iter().map(member_of).collect();
     let seed = crate::clock::now_unix_ms() ^ u64::from(std::process::id());
+    let options_watch = options.watch.clone();
+    let last_output = pump.last_output();
     let mut run = Run {
         machine: Machine::new(members, seed),
         tracks: (0..replicas.len()).map(|_| Track::default()).collect(),
@@ -310,6 +355,17 @@ pub fn supervise(
         interrupts: 0,
         first_signal: None,
         job_end: None,
+        latest,
+        sampler,
+        watch: crate::watch::Watch::new(options_watch),
+        last_output,
+        shim_events: Vec::new(),
+        samples,
+        run_path: run_dir.path().to_path_buf(),
+        py_spy: crate::stacks::find_py_spy(),
+        scans: 0,
+        shm_seen: Default::default(),
+        maps_read: Default::default(),
     };
     run.events.write(
         &Event::new("job-start")
@@ -317,6 +373,10 @@ pub fn supervise(
             .with("pid", std::process::id())
             .with("replicas", run.specs.len()),
     );
+    if let Some(address) = metrics_address {
+        run.events
+            .write(&Event::new("metrics").with("address", address.to_string()));
+    }
     let mut status = run.main_loop(&receiver);
     if let (0, Some(signal)) = (status, run.first_signal) {
         // Stopped by a signal with nothing failed: say so, as shells do (130 for SIGINT).
@@ -364,6 +424,22 @@ struct Run<'hooks> {
     interrupts: u32,
     first_signal: Option<Signal>,
     job_end: Option<Event>,
+    /// The sampler's latest picture (served by `{"cmd":"sample"}` and the metrics).
+    latest: crate::metrics::SharedSnapshot,
+    sampler: crate::sampler::Sampler,
+    watch: crate::watch::Watch,
+    /// When each replica last wrote output (from the log pump).
+    last_output: Arc<Vec<std::sync::atomic::AtomicU64>>,
+    /// Shim `violation` events since the last sampler tick (for the GPU-use policy).
+    shim_events: Vec<Event>,
+    samples: Option<crate::samples::SampleWriter>,
+    run_path: PathBuf,
+    py_spy: Option<PathBuf>,
+    /// Footprint scans so far (every 10th also scans process groups).
+    scans: u64,
+    /// Candidate shm files with when they were first seen, and pids whose maps were read.
+    shm_seen: std::collections::BTreeMap<PathBuf, Instant>,
+    maps_read: std::collections::HashSet<i32>,
 }
 
 /// How long an exit waits for the replica's pipes to close (to read its last lines).
@@ -371,3 +447,5 @@ const TAIL_WAIT: Duration = Duration::from_millis(500);
 
 #[path = "supervisor_loop.rs"]
 mod main_loop;
+#[path = "supervisor_sample.rs"]
+mod sample_loop;

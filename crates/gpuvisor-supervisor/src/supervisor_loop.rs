@@ -11,7 +11,8 @@ impl Run<'_> {
     pub(super) fn main_loop(&mut self, receiver: &Receiver<Msg>) -> u8 {
         let mut inputs = vec![Input::Tick];
         let mut last_sample = Instant::now();
-        let mut last_gpu_sample = Instant::now();
+        let sampler_interval = self.options.sampler_interval.max(Duration::from_millis(50));
+        let mut next_tick = Instant::now();
         loop {
             while !inputs.is_empty() {
                 let input = inputs.remove(0);
@@ -24,7 +25,8 @@ impl Run<'_> {
                 }
             }
             let now = self.now_ms();
-            let mut wait = Duration::from_millis(200);
+            let mut wait =
+                Duration::from_millis(200).min(next_tick.saturating_duration_since(Instant::now()));
             if let Some(deadline) = self.machine.next_deadline() {
                 wait = wait.min(Duration::from_millis(deadline.saturating_sub(now)));
             }
@@ -38,9 +40,14 @@ impl Run<'_> {
                 last_sample = Instant::now();
                 self.sample_processes();
             }
-            if last_gpu_sample.elapsed() >= Duration::from_millis(500) {
-                last_gpu_sample = Instant::now();
+            if Instant::now() >= next_tick {
+                // Fixed cadence; a late tick does not shift the ones after it.
+                next_tick += sampler_interval;
+                if next_tick < Instant::now() {
+                    next_tick = Instant::now() + sampler_interval;
+                }
                 self.sample_gpu();
+                self.tick_sampler(&mut inputs);
             }
             inputs.push(Input::Tick);
         }
@@ -236,6 +243,10 @@ impl Run<'_> {
                 }
                 Err(error) => error,
             },
+            Request::Sample => {
+                let latest = self.latest.lock().unwrap_or_else(|p| p.into_inner());
+                json!({ "ok": true, "sample": *latest })
+            }
             Request::Restart { process } => match check(&process) {
                 Ok(()) => {
                     self.events.write(
@@ -344,41 +355,78 @@ impl Run<'_> {
         }
     }
 
-    /// One /proc scan: pids, resident memory and mapped /dev/shm files of every live tree.
+    /// The job's footprint for clean-up: every pid of its trees (from the sampler's latest
+    /// snapshot; a full process-group scan every 10 s also finds orphans the supervisor
+    /// adopted), and the /dev/shm files they map. Maps are read only while /dev/shm holds a
+    /// candidate file (ours, `sem.mp-*` or `torch_*`) not yet known to be the job's: a file
+    /// that does not exist cannot be mapped, so most ticks read no maps at all.
     fn sample_processes(&mut self) {
         let groups: Vec<i32> = self.tracks.iter().filter_map(|track| track.pid).collect();
         if groups.is_empty() {
             return;
         }
-        let processes = procfs::all_processes();
-        for track in &mut self.tracks {
-            let Some(group) = track.pid else { continue };
-            let mut tree: Vec<i32> = processes
-                .iter()
-                .filter(|process| process.pgid == group)
-                .map(|process| process.pid)
-                .collect();
-            let mut cursor = 0;
-            while cursor < tree.len() {
-                let parent = tree[cursor];
-                tree.extend(
-                    processes
+        let mut pids: Vec<i32> = {
+            let latest = self.latest.lock().unwrap_or_else(|p| p.into_inner());
+            latest
+                .as_ref()
+                .map(|snapshot| {
+                    snapshot
+                        .processes
                         .iter()
-                        .filter(|process| process.ppid == parent && process.pgid != group)
-                        .map(|process| process.pid),
-                );
-                cursor += 1;
-            }
-            let rss: u64 = tree.iter().filter_map(|&pid| procfs::rss_bytes(pid)).sum();
-            track.peak_rss = Some(track.peak_rss.unwrap_or(0).max(rss));
-            for pid in tree {
-                // Every sample: a semaphore created just before a crash is the one that leaks.
-                self.footprint.pids.insert(pid);
+                        .map(|process| process.pid)
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        pids.extend(&groups);
+        self.scans += 1;
+        if self.scans % 10 == 1 {
+            pids.extend(procfs::job_tree(&groups));
+        }
+        // Maps are read for every pid while a candidate file is new, else only for pids not
+        // read yet (a new process may have inherited a mapping).
+        let candidates = self.unattributed_shm_files();
+        // A candidate counts as new for 3 s: its creator may map it just after creating it.
+        let now = Instant::now();
+        let new_candidate = candidates.iter().any(|path| {
+            let first_seen = *self.shm_seen.entry(path.clone()).or_insert(now);
+            now.duration_since(first_seen) < Duration::from_secs(3)
+        });
+        if new_candidate && self.scans % 10 != 1 {
+            // The whole tree now, not the sampler's view of up to a tick ago: the file's
+            // creator may be short-lived.
+            pids.extend(procfs::job_tree(&groups));
+        }
+        for pid in pids {
+            self.footprint.pids.insert(pid);
+            let fresh = self.maps_read.insert(pid);
+            if !candidates.is_empty() && (new_candidate || fresh) {
                 for path in procfs::mapped_shm(pid) {
                     self.footprint.mapped.insert(PathBuf::from(path));
                 }
             }
         }
+    }
+
+    /// The files in the shm directory that clean-up could take (ours, `sem.mp-*` or
+    /// `torch_*`) and that no process of the job is known to map yet.
+    fn unattributed_shm_files(&self) -> Vec<PathBuf> {
+        use std::os::unix::fs::MetadataExt;
+        let Ok(entries) = std::fs::read_dir(&self.options.shm_dir) else {
+            return Vec::new();
+        };
+        let uid = nix::unistd::getuid().as_raw();
+        entries
+            .filter_map(Result::ok)
+            .filter(|entry| {
+                let name = entry.file_name();
+                let name = name.to_string_lossy();
+                (name.starts_with("sem.mp-") || name.starts_with("torch_"))
+                    && !self.footprint.mapped.contains(&entry.path())
+                    && entry.metadata().is_ok_and(|meta| meta.uid() == uid)
+            })
+            .map(|entry| entry.path())
+            .collect()
     }
 
     fn sample_gpu(&mut self) {
@@ -390,6 +438,9 @@ impl Run<'_> {
         }
         for event in sample.events {
             self.events.write(&event);
+            if event.kind == "violation" {
+                self.shim_events.push(event);
+            }
         }
     }
 

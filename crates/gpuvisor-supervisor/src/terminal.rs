@@ -1,9 +1,10 @@
 //! The terminal side of the logs: a bounded queue of output chunks and one writer thread that
 //! prints each line behind a `name[replica] |` prefix (coloured only on a TTY).
 //!
-//! The pump never waits for the terminal: when the queue is full, the chunk's lines are
-//! dropped here (the log files keep them) and counted per replica; the writer prints the count
-//! the next time it gets to that replica.
+//! The pump never waits for the terminal: when the queue is full, the OLDEST queued lines make
+//! room for the new ones (the log files keep them all), counted per replica; the writer prints
+//! the count the next time it gets to that replica. Dropping the oldest keeps the end of the
+//! output, where a traceback is, on the screen.
 
 use std::collections::VecDeque;
 use std::io::{self, IsTerminal, Write};
@@ -40,17 +41,21 @@ pub struct TerminalWriter {
 }
 
 impl TerminalQueue {
-    /// Queues `bytes` (complete lines, `lines` of them) of `replica`; drops them when the queue
-    /// is full. Never blocks on the terminal.
+    /// Queues `bytes` (complete lines, `lines` of them) of `replica`; when the queue is full,
+    /// drops the oldest queued chunks to make room. Never blocks on the terminal.
     pub fn push(&self, replica: usize, lines: usize, bytes: &[u8]) {
         let (lock, ready) = &*self.shared;
         let mut queue = lock.lock().unwrap_or_else(|poison| poison.into_inner());
-        if queue.lines + lines > self.capacity_lines {
-            if queue.dropped.len() <= replica {
-                queue.dropped.resize(replica + 1, 0);
+        while queue.lines + lines > self.capacity_lines {
+            let Some(oldest) = queue.chunks.pop_front() else {
+                break;
+            };
+            let oldest_lines = bytecount_lines(&oldest.bytes);
+            queue.lines = queue.lines.saturating_sub(oldest_lines);
+            if queue.dropped.len() <= oldest.replica {
+                queue.dropped.resize(oldest.replica + 1, 0);
             }
-            queue.dropped[replica] += lines as u64;
-            return;
+            queue.dropped[oldest.replica] += oldest_lines as u64;
         }
         queue.lines += lines;
         queue.chunks.push_back(Chunk {
@@ -110,6 +115,11 @@ impl TerminalWriter {
         }
         let _ = self.thread.join();
     }
+}
+
+/// Lines in a chunk of complete lines.
+fn bytecount_lines(bytes: &[u8]) -> usize {
+    memchr::memchr_iter(b'\n', bytes).count()
 }
 
 fn prefix(label: &str, width: usize, color: Option<usize>) -> Vec<u8> {
@@ -177,17 +187,25 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_full_queue_drops_and_counts_instead_of_blocking() {
+    fn a_full_queue_drops_the_oldest_lines_and_counts_instead_of_blocking() {
         let queue = TerminalQueue {
             shared: Arc::new((Mutex::new(Queue::default()), Condvar::new())),
             capacity_lines: 3,
         };
         queue.push(0, 2, b"a\nb\n");
         queue.push(1, 2, b"c\nd\n");
-        queue.push(0, 1, b"e\n");
-        assert_eq!(queue.dropped(), vec![0, 2]);
+        // Replica 0's older chunk made room for replica 1's; then 1's for the newest line.
+        assert_eq!(queue.dropped(), vec![2]);
+        queue.push(0, 2, b"e\nf\n");
+        assert_eq!(queue.dropped(), vec![2, 2]);
         let state = queue.shared.0.lock().unwrap();
-        assert_eq!(state.lines, 3);
+        assert_eq!(state.lines, 2);
+        let kept: Vec<&[u8]> = state
+            .chunks
+            .iter()
+            .map(|chunk| chunk.bytes.as_slice())
+            .collect();
+        assert_eq!(kept, [b"e\nf\n".as_slice()], "the newest lines stay");
     }
 
     #[test]

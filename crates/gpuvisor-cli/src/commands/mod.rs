@@ -7,6 +7,7 @@ mod explain;
 mod gpus;
 mod plan;
 pub mod ps;
+pub mod report;
 pub mod run;
 mod top;
 
@@ -27,6 +28,7 @@ pub fn run(cli: Cli) -> Result<ExitCode, Failure> {
         Command::ExecChild(args) => Ok(exec::run_child(args)),
         Command::ExecSample(args) => Ok(exec::run_sampler(args.ledger)),
         Command::Run(args) => run::run(args),
+        Command::Report(args) => report::run(args),
         Command::Ps(args) => ps::ps(args),
         Command::Stop(args) => ps::stop(args),
         Command::Restart(args) => ps::restart(args),

@@ -20,6 +20,7 @@ use gpuvisor_supervisor::supervisor::{supervise, Options, Outcome, Readiness, Re
 use nix::sys::signal::Signal;
 use regex::bytes::Regex;
 
+mod gpu_source;
 mod ledger;
 mod tui;
 
@@ -46,6 +47,10 @@ pub struct RunArgs {
     /// Do not copy the processes' output to the terminal (the log files still get it all).
     #[arg(long, short)]
     pub quiet: bool,
+    /// Serve OpenMetrics / Prometheus metrics at http://ADDR/metrics: `PORT` (on 127.0.0.1)
+    /// or a loopback `HOST:PORT`.
+    #[arg(long, value_name = "ADDR", value_parser = gpu_source::parse_metrics_address)]
+    pub metrics: Option<std::net::SocketAddr>,
     /// Show the job's live view (`gpuvisor top`) instead of its output; `q` or Ctrl-C stops
     /// the job.
     #[arg(long, conflicts_with = "quiet")]
@@ -121,7 +126,14 @@ pub fn run(args: RunArgs) -> Result<ExitCode, Failure> {
     let keeper = std::env::current_exe()?;
     let mut options = Options::new(&job.name, Some(vec![keeper.into(), "__keeper".into()]));
     options.terminal = !args.quiet && !args.tui;
-    let mut hooks = make_hooks(&job.name, &plan, libraries.as_ref(), &inventory)?;
+    options.sampler_interval = std::time::Duration::from_millis(job.sample_interval_ms);
+    options.metrics = args.metrics;
+    options.watch = gpu_source::watch_config(&job, &plan);
+    let (ledger_hooks, sim_state) = make_hooks(&job.name, &plan, libraries.as_ref(), &inventory)?;
+    let mut hooks = gpu_source::WithSource {
+        inner: ledger_hooks,
+        source: Some(gpu_source::gpu_source(sim_state, &inventory)),
+    };
     let view = match args.tui {
         true => Some(tui::Tui::start(
             run_dir.path(),
@@ -139,13 +151,13 @@ pub fn run(args: RunArgs) -> Result<ExitCode, Failure> {
 }
 
 /// The ledger (with `enforce = "shim"`) and the environment every replica gets from it and
-/// from the simulator.
+/// from the simulator; and the simulator's state file, with `--simulate`.
 fn make_hooks(
     job_name: &str,
     plan: &Plan,
     libraries: Option<&shim::Libraries>,
     inventory: &Inventory,
-) -> Result<ledger::LedgerHooks, Failure> {
+) -> Result<(ledger::LedgerHooks, Option<PathBuf>), Failure> {
     let safe_name: String = job_name
         .chars()
         .map(|c| {
@@ -166,6 +178,7 @@ fn make_hooks(
     let pid = std::process::id();
     let mut extra_env = Vec::new();
     let mut files = Vec::new();
+    let mut sim_state = None;
     if let Some(sim_dir) = libraries.and_then(|libraries| libraries.sim_dir.as_ref()) {
         let mut path = sim_dir.display().to_string();
         if let Some(existing) = std::env::var("LD_LIBRARY_PATH")
@@ -179,16 +192,18 @@ fn make_hooks(
         extra_env.push(("LD_LIBRARY_PATH".to_string(), Some(path)));
         extra_env.push((SIM_GPUS_ENV.to_string(), Some(inventory.sim_env_value())));
         extra_env.push((SIM_STATE_ENV.to_string(), Some(state.display().to_string())));
-        files.push(state);
+        files.push(state.clone());
+        sim_state = Some(state);
     }
-    match plan.enforcement {
-        Enforcement::Framework => Ok(ledger::LedgerHooks::env_only(extra_env, files)),
+    let hooks = match plan.enforcement {
+        Enforcement::Framework => ledger::LedgerHooks::env_only(extra_env, files),
         Enforcement::Shim => {
             let path = dir.join(format!("gpuvisor-{safe_name}-{pid}"));
             let shim = libraries.map(|libraries| libraries.shim.clone());
-            ledger::LedgerHooks::create(plan, &path, shim, extra_env, files)
+            ledger::LedgerHooks::create(plan, &path, shim, extra_env, files)?
         }
-    }
+    };
+    Ok((hooks, sim_state))
 }
 
 /// The simulator's state file variable (`gpuvisor-sim` reads it).

@@ -15,6 +15,7 @@ mod process;
 mod reader;
 mod restart;
 mod values;
+mod watch;
 
 pub use diagnostic::{Diagnostic, Span};
 pub use model::*;

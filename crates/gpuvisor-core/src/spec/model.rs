@@ -23,6 +23,9 @@ pub struct JobSpec {
     pub enforcement: Enforcement,
     /// The `[gpus]` table.
     pub gpus: GpuSection,
+    /// `[job] sample_interval`: how often the supervisor samples GPUs and processes, ms
+    /// (default 500, at least 50).
+    pub sample_interval_ms: u64,
     /// `[process.NAME]` tables in file order.
     pub processes: Vec<ProcessSpec>,
 }
@@ -53,6 +56,9 @@ pub struct GpuSection {
     pub context_overhead_bytes: u64,
     /// `placement`: pack (default) or spread.
     pub placement: Placement,
+    /// `headroom_alarm`: an event (and a metric) when a GPU's free memory falls below this
+    /// many bytes; `None`: no alarm.
+    pub headroom_alarm_bytes: Option<u64>,
 }
 
 /// One entry of `[gpus] devices`.
@@ -115,6 +121,45 @@ pub struct ProcessSpec {
     pub restart: RestartSpec,
     /// The `stop` section.
     pub stop: StopSpec,
+    /// Runtime policies: `on_budget_exceeded`, `on_gpu_use`, `stall_after`.
+    pub watch: WatchSpec,
+}
+
+/// A process's runtime policies (checked by the supervisor's sampler).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct WatchSpec {
+    /// `on_budget_exceeded`: what to do when its GPU memory passes its budget and the shim
+    /// does not enforce it (default warn).
+    pub on_budget_exceeded: BudgetAction,
+    /// `on_gpu_use`: what to do when a CPU-only process (or, with `children_cpu_only`, a
+    /// child) uses a GPU (default warn).
+    pub on_gpu_use: GpuUseAction,
+    /// `stall_after`: quiet (no output) this long counts as a stall, ms; `None`: never.
+    pub stall_after_ms: Option<u64>,
+}
+
+/// What to do when a replica's GPU memory passes its budget.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum BudgetAction {
+    /// Record an event (the default).
+    #[default]
+    Warn,
+    /// Kill the replica (SIGKILL) and keep it stopped.
+    Kill,
+    /// Stop it and start it again (counts as a restart).
+    Restart,
+}
+
+/// What to do when a CPU-only process uses a GPU.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum GpuUseAction {
+    /// Record an event (the default).
+    #[default]
+    Warn,
+    /// Kill the offending process (SIGKILL).
+    Kill,
 }
 
 /// When a process counts as ready, so the processes `after` it may start.

@@ -19,9 +19,15 @@ use crate::size::MIB;
 /// Keys accepted at the top level of a job file.
 const TOP_KEYS: &[&str] = &["job", "gpus", "process"];
 /// Keys accepted in `[job]`.
-const JOB_KEYS: &[&str] = &["name", "enforce"];
+const JOB_KEYS: &[&str] = &["name", "enforce", "sample_interval"];
 /// Keys accepted in `[gpus]`.
-const GPUS_KEYS: &[&str] = &["devices", "reserve", "context_overhead", "placement"];
+const GPUS_KEYS: &[&str] = &[
+    "devices",
+    "reserve",
+    "context_overhead",
+    "placement",
+    "headroom_alarm",
+];
 
 /// Every table of a job file with the keys it accepts, e.g. `("[process.NAME]", ["command", ...])`:
 /// for documentation checks and shell completion.
@@ -56,7 +62,7 @@ pub fn parse_job(path: &Path, source: &str) -> Result<JobSpec, Diagnostic> {
     check_top_level_keys(file, root)?;
     let top = Table::new(file, "the top level", 0..0, root, TOP_KEYS)?;
 
-    let (name, enforcement) = job_section(file, path, top.get("job"))?;
+    let (name, enforcement, sample_interval_ms) = job_section(file, path, top.get("job"))?;
     let gpus = gpus_section(file, top.get("gpus"))?;
 
     let Some(process_field) = top.get("process") else {
@@ -85,6 +91,7 @@ pub fn parse_job(path: &Path, source: &str) -> Result<JobSpec, Diagnostic> {
         name,
         enforcement,
         gpus,
+        sample_interval_ms,
         processes: parsed.into_iter().map(|parsed| parsed.spec).collect(),
     })
 }
@@ -152,16 +159,16 @@ fn section_hint(section: &str) -> String {
     hint
 }
 
-/// Reads `[job]`: the job's name (default: the file stem) and enforcement.
+/// Reads `[job]`: the job's name (default: the file stem), enforcement and sample interval.
 fn job_section(
     file: Source<'_>,
     path: &Path,
     field: Option<Field<'_, '_>>,
-) -> Result<(String, Enforcement), Diagnostic> {
+) -> Result<(String, Enforcement, u64), Diagnostic> {
     let mut name = default_job_name(path);
     let mut enforcement = Enforcement::Shim;
     let Some(field) = field else {
-        return Ok((name, enforcement));
+        return Ok((name, enforcement, super::watch::DEFAULT_SAMPLE_INTERVAL_MS));
     };
     let raw = field
         .table("a table")
@@ -196,7 +203,11 @@ fn job_section(
             }
         };
     }
-    Ok((name, enforcement))
+    let sample_interval_ms = match table.get("sample_interval") {
+        Some(field) => super::watch::sample_interval(&field)?,
+        None => super::watch::DEFAULT_SAMPLE_INTERVAL_MS,
+    };
+    Ok((name, enforcement, sample_interval_ms))
 }
 
 /// The job name used when `[job] name` is absent: the file stem, with characters that are not
@@ -231,6 +242,7 @@ fn gpus_section(file: Source<'_>, field: Option<Field<'_, '_>>) -> Result<GpuSec
         reserve_bytes: 0,
         context_overhead_bytes: DEFAULT_CONTEXT_OVERHEAD_BYTES,
         placement: Placement::Pack,
+        headroom_alarm_bytes: None,
     };
     let Some(field) = field else { return Ok(gpus) };
     let raw = field
@@ -246,6 +258,9 @@ fn gpus_section(file: Source<'_>, field: Option<Field<'_, '_>>) -> Result<GpuSec
     }
     if let Some(field) = table.get("context_overhead") {
         gpus.context_overhead_bytes = size_allowing_zero(&field)?;
+    }
+    if let Some(field) = table.get("headroom_alarm") {
+        gpus.headroom_alarm_bytes = Some(super::watch::headroom_alarm(&field)?);
     }
     if let Some(field) = table.get("placement") {
         let expected = "\"pack\" or \"spread\"";

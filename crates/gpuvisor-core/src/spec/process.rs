@@ -27,6 +27,9 @@ pub(super) const PROCESS_KEYS: &[&str] = &[
     "after",
     "restart",
     "stop",
+    "on_budget_exceeded",
+    "on_gpu_use",
+    "stall_after",
 ];
 
 /// Longest process name accepted (it becomes part of file names).
@@ -194,6 +197,7 @@ pub(super) fn process(
     };
     let restart = restart::restart(source, &table_name, table.get("restart"))?;
     let stop = restart::stop(source, &table_name, table.get("stop"))?;
+    let watch = super::watch::process_watch(&table, cpu_only, children_cpu_only)?;
 
     let spec = ProcessSpec {
         name: name.to_string(),
@@ -214,6 +218,7 @@ pub(super) fn process(
         after,
         restart,
         stop,
+        watch,
     };
     Ok(ParsedProcess { spec, after_ranges })
 }

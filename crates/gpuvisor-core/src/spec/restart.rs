@@ -70,7 +70,7 @@ pub fn parse_duration_ms(text: &str) -> Result<u64, DurationError> {
 }
 
 /// Reads a duration field; `min_ms` is the smallest value allowed.
-fn duration(field: &Field<'_, '_>, min_ms: u64) -> Result<u64, Diagnostic> {
+pub(super) fn duration(field: &Field<'_, '_>, min_ms: u64) -> Result<u64, Diagnostic> {
     let expected = "a duration such as \"500ms\", \"10s\", \"2m\" or \"1h\"";
     let text = match field.value.get_ref() {
         toml::de::DeValue::Integer(_) | toml::de::DeValue::Float(_) => {

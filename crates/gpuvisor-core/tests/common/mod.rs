@@ -218,6 +218,7 @@ impl JobBuilder {
                 after: process.after,
                 restart: RestartSpec::default(),
                 stop: StopSpec::default(),
+                watch: Default::default(),
             });
         }
         JobSpec {
@@ -231,7 +232,9 @@ impl JobBuilder {
                 reserve_bytes: self.reserve_bytes,
                 context_overhead_bytes: self.context_overhead_bytes,
                 placement: self.placement,
+                headroom_alarm_bytes: None,
             },
+            sample_interval_ms: 500,
             processes,
         }
     }

@@ -1,0 +1,190 @@
+//! The sampler's GPU source on a real machine: NVML, initialised once per run. One query per
+//! device per tick: memory, utilisation, running compute processes and, where the driver
+//! keeps them, per-process utilisation samples since the last tick.
+
+use std::collections::HashMap;
+
+use gpuvisor_supervisor::gpu_source::{
+    DeviceReading, GpuProcessReading, GpuReading, GpuSource, SimDevice, SimSource,
+};
+use nvml_wrapper::enums::device::UsedGpuMemory;
+use nvml_wrapper::Nvml;
+
+/// NVML as a [`GpuSource`].
+pub struct NvmlSource {
+    nvml: Nvml,
+    /// (index, uuid, name) per device, read once.
+    devices: Vec<(u32, String, String)>,
+    /// Per device: the newest process-utilisation sample seen (NVML's µs clock).
+    last_seen_us: Vec<u64>,
+}
+
+impl NvmlSource {
+    /// Opens NVML; `None` when there is no driver.
+    pub fn open() -> Option<NvmlSource> {
+        let nvml = Nvml::init().ok()?;
+        let count = nvml.device_count().ok()?;
+        let devices = (0..count)
+            .filter_map(|index| {
+                let device = nvml.device_by_index(index).ok()?;
+                Some((
+                    index,
+                    device.uuid().ok()?,
+                    device.name().unwrap_or_default(),
+                ))
+            })
+            .collect::<Vec<_>>();
+        let last_seen_us = vec![0; devices.len()];
+        Some(NvmlSource {
+            nvml,
+            devices,
+            last_seen_us,
+        })
+    }
+}
+
+impl GpuSource for NvmlSource {
+    fn name(&self) -> &'static str {
+        "nvml"
+    }
+
+    fn read(&mut self) -> GpuReading {
+        let mut reading = GpuReading::default();
+        for (slot, (index, uuid, name)) in self.devices.iter().enumerate() {
+            let Ok(device) = self.nvml.device_by_index(*index) else {
+                continue;
+            };
+            let Ok(memory) = device.memory_info() else {
+                continue;
+            };
+            let utilization = device.utilization_rates().ok();
+            reading.devices.push(DeviceReading {
+                index: *index,
+                uuid: uuid.clone(),
+                name: Some(name.clone()),
+                total_bytes: memory.total,
+                used_bytes: memory.used,
+                utilization_percent: utilization.as_ref().map(|u| u.gpu),
+                memory_utilization_percent: utilization.as_ref().map(|u| u.memory),
+            });
+            // Samples since the last tick; a pid's newest sample wins.
+            let mut sm_by_pid: HashMap<u32, u32> = HashMap::new();
+            if let Ok(samples) = device.process_utilization_stats(self.last_seen_us[slot]) {
+                let mut newest = self.last_seen_us[slot];
+                for sample in samples {
+                    newest = newest.max(sample.timestamp);
+                    sm_by_pid.insert(sample.pid, sample.sm_util);
+                }
+                self.last_seen_us[slot] = newest;
+            }
+            for process in device.running_compute_processes().unwrap_or_default() {
+                reading.processes.push(GpuProcessReading {
+                    pid: process.pid as i32,
+                    device: *index,
+                    used_bytes: match process.used_gpu_memory {
+                        UsedGpuMemory::Used(bytes) => bytes,
+                        UsedGpuMemory::Unavailable => 0,
+                    },
+                    // No sample since the last tick: it ran no kernel, so 0 rather than unknown.
+                    utilization_percent: Some(sm_by_pid.get(&process.pid).copied().unwrap_or(0)),
+                });
+            }
+        }
+        reading
+    }
+}
+
+/// The simulator's state file as the GPU source, for `--simulate`.
+pub fn simulator_source(
+    state: std::path::PathBuf,
+    inventory: &gpuvisor_core::inventory::Inventory,
+) -> SimSource {
+    let devices = inventory
+        .gpus
+        .iter()
+        .map(|gpu| SimDevice {
+            uuid: gpu.uuid.clone(),
+            total_bytes: gpu.total_bytes,
+            foreign_bytes: gpu.total_bytes.saturating_sub(gpu.free_bytes),
+        })
+        .collect();
+    SimSource::new(state, devices)
+}
+
+/// The run's hooks (ledger, environment) plus the GPU source handed to the sampler.
+pub struct WithSource<H> {
+    /// The hooks everything else is delegated to.
+    pub inner: H,
+    /// Taken by the supervisor at the start.
+    pub source: Option<Box<dyn GpuSource>>,
+}
+
+impl<H: gpuvisor_supervisor::supervisor::Hooks> gpuvisor_supervisor::supervisor::Hooks
+    for WithSource<H>
+{
+    fn before_spawn(&mut self, index: usize) -> std::io::Result<Vec<(String, Option<String>)>> {
+        self.inner.before_spawn(index)
+    }
+    fn sample(&mut self) -> gpuvisor_supervisor::supervisor::GpuSample {
+        self.inner.sample()
+    }
+    fn gpu_source(&mut self) -> Option<Box<dyn GpuSource>> {
+        self.source.take()
+    }
+    fn finish(&mut self) -> Vec<gpuvisor_supervisor::events::Event> {
+        self.inner.finish()
+    }
+}
+
+/// The sampler's GPU source: the simulator's state file with `--simulate`, else NVML, else
+/// none.
+pub fn gpu_source(
+    sim_state: Option<std::path::PathBuf>,
+    inventory: &gpuvisor_core::inventory::Inventory,
+) -> Box<dyn GpuSource> {
+    match sim_state {
+        Some(state) => Box::new(simulator_source(state, inventory)),
+        None => match NvmlSource::open() {
+            Some(source) => Box::new(source),
+            None => Box::new(gpuvisor_supervisor::gpu_source::NoGpus),
+        },
+    }
+}
+
+/// Policies per replica (plan order) from the job file.
+pub fn watch_config(
+    job: &gpuvisor_core::spec::JobSpec,
+    plan: &gpuvisor_core::plan::Plan,
+) -> gpuvisor_supervisor::watch::WatchConfig {
+    use gpuvisor_core::spec::{DeviceKind, Enforcement};
+    let replicas = plan
+        .replicas
+        .iter()
+        .map(|replica| {
+            let process = job.process(&replica.process);
+            let watch = process.map(|process| process.watch).unwrap_or_default();
+            gpuvisor_supervisor::watch::ReplicaPolicy {
+                shim_enforced: plan.enforcement == Enforcement::Shim,
+                cpu_only: replica.device == DeviceKind::Cpu,
+                children_cpu_only: replica.children_cpu_only,
+                on_budget_exceeded: watch.on_budget_exceeded,
+                on_gpu_use: watch.on_gpu_use,
+                stall_after: watch.stall_after_ms.map(std::time::Duration::from_millis),
+            }
+        })
+        .collect();
+    gpuvisor_supervisor::watch::WatchConfig {
+        replicas,
+        headroom_alarm_bytes: job.gpus.headroom_alarm_bytes,
+    }
+}
+
+/// `--metrics ADDR`: `HOST:PORT`, or a bare `PORT` on 127.0.0.1.
+pub fn parse_metrics_address(text: &str) -> Result<std::net::SocketAddr, String> {
+    if let Ok(port) = text.parse::<u16>() {
+        return Ok(std::net::SocketAddr::from(([127, 0, 0, 1], port)));
+    }
+    text.parse().map_err(|_| {
+        format!("`{text}` is not PORT or HOST:PORT (hint: --metrics 9400 serves on 127.0.0.1:9400)")
+    })
+}

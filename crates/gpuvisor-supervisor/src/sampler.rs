@@ -1,0 +1,435 @@
+//! The sampler: one tick reads the GPU source once, the CPU time of the job's own processes
+//! (/proc/PID/schedstat, kept open and re-read with one `pread` each: far cheaper for the
+//! kernel than /proc/PID/stat), and turns them, with the ledger's figures, into a
+//! [`Snapshot`]. State, parent and resident memory come from /proc/PID/stat, read when the
+//! trees are rediscovered (every 2 s), so they are at most 2 s old.
+//!
+//! Every GPU pid is attributed to the replica it descends from by walking its parent chain up
+//! to a replica's process group leader (the keeper); the answer is cached per (pid, start
+//! time), so a long-lived worker costs one walk in its life. The replicas' trees are
+//! rediscovered (children lists) every 2 s; a GPU process born in between is
+//! found through its parent chain at once.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use crate::gpu_source::{GpuReading, GpuSource};
+use crate::procfs::{self, StatReader};
+use crate::sample::{GpuStat, ProcessStat, ReplicaStat, Snapshot};
+use crate::supervisor::GpuUsage;
+
+/// What the sampler knows of a replica that does not change.
+#[derive(Debug, Clone, Default)]
+pub struct ReplicaInfo {
+    /// Process name.
+    pub process: String,
+    /// Replica number.
+    pub replica: u32,
+    /// `name` or `name[r]`.
+    pub label: String,
+    /// Budget per GPU, bytes.
+    pub budget_bytes: u64,
+}
+
+/// What changes between ticks, from the supervisor.
+#[derive(Debug, Clone, Copy)]
+pub struct TickInput<'a> {
+    /// Each replica's process group (its keeper's pid) while it runs.
+    pub groups: &'a [Option<i32>],
+    /// Each replica's ledger figures, when the shim enforces.
+    pub ledger: &'a [Option<GpuUsage>],
+    /// When each replica last wrote output, Unix ms (0: never).
+    pub last_output_unix_ms: &'a [u64],
+    /// Now, Unix ms.
+    pub now_unix_ms: u64,
+}
+
+/// How deep a parent chain is walked before giving up (a loop guard; real chains are short).
+const MAX_CHAIN: usize = 64;
+/// How often replica trees are rediscovered (and their members' state and RSS read).
+const DISCOVER_EVERY: Duration = Duration::from_secs(2);
+
+/// The sampler's state between ticks.
+pub struct Sampler {
+    job: String,
+    interval: Duration,
+    infos: Vec<ReplicaInfo>,
+    source: Box<dyn GpuSource>,
+    /// /proc/PID/schedstat of every member, kept open.
+    sched: StatReader,
+    /// /proc/PID/stat of every member, from the last discovery.
+    info: HashMap<i32, procfs::ProcSample>,
+    /// /proc/PID/stat and the main thread's children list of members and keepers, kept
+    /// open for the discoveries.
+    stat_files: StatReader,
+    children_files: StatReader,
+    page_bytes: u64,
+    /// Per replica: its group and the pids of its tree at the last discovery.
+    members: Vec<(Option<i32>, Vec<i32>)>,
+    discovered: Option<Instant>,
+    /// pid -> CPU time (ns) at the previous tick.
+    previous_cpu: HashMap<i32, u64>,
+    /// pid -> (start ticks, replica) for GPU processes.
+    attribution: HashMap<i32, (u64, Option<usize>)>,
+    /// pid -> (start ticks, command line) for GPU processes.
+    commands: HashMap<i32, (u64, String)>,
+    last_tick: Option<Instant>,
+}
+
+impl std::fmt::Debug for Sampler {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(formatter, "Sampler({}, {})", self.job, self.source.name())
+    }
+}
+
+impl Sampler {
+    /// A sampler for `infos` (index = replica index) reading GPUs from `source`.
+    pub fn new(
+        job: &str,
+        interval: Duration,
+        infos: Vec<ReplicaInfo>,
+        source: Box<dyn GpuSource>,
+    ) -> Sampler {
+        let count = infos.len();
+        Sampler {
+            job: job.to_string(),
+            interval,
+            infos,
+            source,
+            sched: StatReader::for_file("schedstat"),
+            info: HashMap::new(),
+            stat_files: StatReader::new(),
+            children_files: StatReader::for_file("children"),
+            page_bytes: procfs::page_bytes(),
+            members: vec![(None, Vec::new()); count],
+            discovered: None,
+            previous_cpu: HashMap::new(),
+            attribution: HashMap::new(),
+            commands: HashMap::new(),
+            last_tick: None,
+        }
+    }
+
+    /// One tick.
+    pub fn tick(&mut self, input: TickInput<'_>) -> Snapshot {
+        let now = Instant::now();
+        let elapsed_s = self
+            .last_tick
+            .map(|last| now.duration_since(last).as_secs_f32())
+            .unwrap_or(0.0);
+        self.last_tick = Some(now);
+        self.discover(input.groups, now);
+        let gpu = self.source.read();
+        let mut processes: Vec<ProcessStat> = Vec::new();
+        let mut replicas: Vec<ReplicaStat> = self
+            .infos
+            .iter()
+            .enumerate()
+            .map(|(index, info)| ReplicaStat {
+                process: info.process.clone(),
+                replica: info.replica,
+                label: info.label.clone(),
+                budget_bytes: info.budget_bytes,
+                ledger_used_bytes: input
+                    .ledger
+                    .get(index)
+                    .copied()
+                    .flatten()
+                    .map(|u| u.used_bytes),
+                denials: input
+                    .ledger
+                    .get(index)
+                    .copied()
+                    .flatten()
+                    .map(|u| u.denials)
+                    .unwrap_or(0),
+                ..ReplicaStat::default()
+            })
+            .collect();
+        // pid -> index in `processes`, to add GPU figures to the job's own processes.
+        let mut by_pid: HashMap<i32, usize> = HashMap::new();
+        let mut seen_cpu: HashMap<i32, u64> = HashMap::new();
+        for (index, (group, pids)) in self.members.iter_mut().enumerate() {
+            let Some(group) = *group else { continue };
+            let mut alive = Vec::with_capacity(pids.len());
+            for &pid in pids.iter() {
+                let (Some(cpu_ns), Some(stat)) = (
+                    self.sched.read_with(pid, procfs::parse_schedstat_ns),
+                    self.info.get(&pid),
+                ) else {
+                    continue;
+                };
+                alive.push(pid);
+                let cpu_percent = match self.previous_cpu.get(&pid) {
+                    Some(&before) if elapsed_s > 0.0 => {
+                        cpu_ns.saturating_sub(before) as f32 / 1e9 / elapsed_s * 100.0
+                    }
+                    _ => 0.0,
+                };
+                seen_cpu.insert(pid, cpu_ns);
+                let row = &mut replicas[index];
+                if stat.state != 'Z' {
+                    row.process_count += 1;
+                }
+                row.rss_bytes += stat.rss_pages * self.page_bytes;
+                row.cpu_percent += cpu_percent;
+                if stat.ppid == group && row.pid.is_none() {
+                    row.pid = Some(pid);
+                }
+                by_pid.insert(pid, processes.len());
+                processes.push(ProcessStat {
+                    pid,
+                    ppid: stat.ppid,
+                    replica: Some(index),
+                    state: stat.state,
+                    rss_bytes: stat.rss_pages * self.page_bytes,
+                    cpu_percent,
+                    ..ProcessStat::default()
+                });
+            }
+            *pids = alive;
+        }
+        let foreign = self.add_gpu_processes(&gpu, &mut processes, &mut by_pid, &mut replicas);
+        self.previous_cpu = seen_cpu;
+        for (index, row) in replicas.iter_mut().enumerate() {
+            let quiet = input
+                .last_output_unix_ms
+                .get(index)
+                .copied()
+                .filter(|&last| last > 0);
+            row.quiet_ms = quiet.map(|last| input.now_unix_ms.saturating_sub(last));
+        }
+        Snapshot {
+            time_unix_ms: input.now_unix_ms,
+            interval_ms: self.interval.as_millis() as u64,
+            job: self.job.clone(),
+            gpu_source: self.source.name().to_string(),
+            gpus: gpu
+                .devices
+                .iter()
+                .map(|device| GpuStat {
+                    index: device.index,
+                    uuid: device.uuid.clone(),
+                    name: device.name.clone(),
+                    total_bytes: device.total_bytes,
+                    used_bytes: device.used_bytes,
+                    utilization_percent: device.utilization_percent,
+                    memory_utilization_percent: device.memory_utilization_percent,
+                    headroom_alarm: false,
+                })
+                .collect(),
+            replicas,
+            processes,
+            foreign_gpu_processes: foreign,
+            counters: Default::default(),
+        }
+    }
+
+    /// Rediscovers every replica's tree (its keeper's descendants, the keeper itself left
+    /// out) when its group changed or a second has passed; reads each member's stat.
+    fn discover(&mut self, groups: &[Option<i32>], now: Instant) {
+        let due = self
+            .discovered
+            .is_none_or(|last| now.duration_since(last) >= DISCOVER_EVERY);
+        let mut any = false;
+        for (index, group) in groups.iter().enumerate().take(self.members.len()) {
+            // A new life, or one whose command had not started at the last look.
+            let changed = self.members[index].0 != *group
+                || (group.is_some() && self.members[index].1.is_empty());
+            if !(due || changed) {
+                continue;
+            }
+            any = true;
+            let pids = match group {
+                Some(group) => {
+                    let mut found = Vec::new();
+                    let mut stack = self.children_of(*group);
+                    while let Some(pid) = stack.pop() {
+                        if found.contains(&pid) {
+                            continue;
+                        }
+                        let Some(stat) = self.stat_files.read(pid) else {
+                            continue;
+                        };
+                        found.push(pid);
+                        self.info.insert(pid, stat);
+                        stack.extend(self.children_of(pid));
+                    }
+                    found
+                }
+                None => Vec::new(),
+            };
+            self.members[index] = (*group, pids);
+        }
+        if due || any {
+            self.discovered = Some(now);
+            let live: std::collections::HashSet<i32> = self
+                .members
+                .iter()
+                .flat_map(|(_, pids)| pids.iter().copied())
+                .collect();
+            let keepers: std::collections::HashSet<i32> =
+                groups.iter().flatten().copied().collect();
+            self.sched.retain(|pid| live.contains(&pid));
+            self.info.retain(|pid, _| live.contains(pid));
+            self.stat_files
+                .retain(|pid| live.contains(&pid) || keepers.contains(&pid));
+            self.children_files
+                .retain(|pid| live.contains(&pid) || keepers.contains(&pid));
+        }
+    }
+
+    /// Direct children of `pid`: its kept-open children list when it has one thread, else
+    /// every thread's.
+    fn children_of(&mut self, pid: i32) -> Vec<i32> {
+        let threads = match self.info.get(&pid) {
+            Some(stat) => stat.threads,
+            None => self.stat_files.read(pid).map_or(0, |stat| stat.threads),
+        };
+        if threads == 1 {
+            if let Some(children) = self.children_files.read_with(pid, procfs::parse_pids) {
+                return children;
+            }
+        }
+        procfs::children(pid)
+    }
+
+    /// Adds the GPU figures: to the job's processes, to newly found descendants (attributed by
+    /// their parent chain), or to the foreign list.
+    fn add_gpu_processes(
+        &mut self,
+        gpu: &GpuReading,
+        processes: &mut Vec<ProcessStat>,
+        by_pid: &mut HashMap<i32, usize>,
+        replicas: &mut [ReplicaStat],
+    ) -> Vec<ProcessStat> {
+        let mut foreign: Vec<ProcessStat> = Vec::new();
+        let mut seen: Vec<i32> = Vec::new();
+        for reading in &gpu.processes {
+            seen.push(reading.pid);
+            let at = match by_pid.get(&reading.pid) {
+                Some(&at) => Some(at),
+                None => {
+                    let Some(stat) = procfs::stat_sample(reading.pid) else {
+                        continue;
+                    };
+                    let replica = self.attribute(reading.pid, stat.start_ticks, stat.ppid);
+                    let row = ProcessStat {
+                        pid: reading.pid,
+                        ppid: stat.ppid,
+                        replica,
+                        state: stat.state,
+                        rss_bytes: stat.rss_pages * self.page_bytes,
+                        ..ProcessStat::default()
+                    };
+                    match replica {
+                        Some(index) => {
+                            // A descendant born since the last discovery: track it from now.
+                            self.members[index].1.push(reading.pid);
+                            self.info.insert(reading.pid, stat);
+                            replicas[index].process_count += 1;
+                            replicas[index].rss_bytes += row.rss_bytes;
+                            by_pid.insert(reading.pid, processes.len());
+                            processes.push(row);
+                            Some(processes.len() - 1)
+                        }
+                        None => {
+                            if !foreign.iter().any(|p| p.pid == reading.pid) {
+                                foreign.push(row);
+                            }
+                            None
+                        }
+                    }
+                }
+            };
+            let target = match at {
+                Some(at) => &mut processes[at],
+                None => match foreign.iter_mut().find(|p| p.pid == reading.pid) {
+                    Some(row) => row,
+                    None => continue,
+                },
+            };
+            target.gpu_bytes += reading.used_bytes;
+            match target.gpus.iter().position(|&gpu| gpu == reading.device) {
+                Some(at) => target.gpu_bytes_by_gpu[at] += reading.used_bytes,
+                None => {
+                    target.gpus.push(reading.device);
+                    target.gpu_bytes_by_gpu.push(reading.used_bytes);
+                }
+            }
+            if let Some(percent) = reading.utilization_percent {
+                target.gpu_utilization_percent =
+                    Some(target.gpu_utilization_percent.unwrap_or(0) + percent);
+            }
+            if target.command.is_empty() {
+                target.command = self.command(reading.pid);
+            }
+            if let Some(index) = target.replica {
+                let row = &mut replicas[index];
+                row.gpu_bytes += reading.used_bytes;
+                if let Some(percent) = reading.utilization_percent {
+                    row.gpu_utilization_percent =
+                        Some((row.gpu_utilization_percent.unwrap_or(0) + percent).min(100));
+                }
+            }
+        }
+        // Forget GPU processes that are gone.
+        self.attribution.retain(|pid, _| seen.contains(pid));
+        self.commands.retain(|pid, _| seen.contains(pid));
+        foreign
+    }
+
+    /// The replica `pid` descends from: its parent chain up to a replica's group leader.
+    fn attribute(&mut self, pid: i32, start_ticks: u64, ppid: i32) -> Option<usize> {
+        if let Some(&(start, replica)) = self.attribution.get(&pid) {
+            if start == start_ticks {
+                return replica;
+            }
+        }
+        let mut replica = None;
+        let mut cursor = pid;
+        let mut parent = ppid;
+        for _ in 0..MAX_CHAIN {
+            if let Some(index) = self.group_of(cursor) {
+                replica = Some(index);
+                break;
+            }
+            if parent <= 1 {
+                break;
+            }
+            // An ancestor already attributed answers for the rest of the chain.
+            if let Some(&(_, Some(index))) = self.attribution.get(&parent) {
+                replica = Some(index);
+                break;
+            }
+            cursor = parent;
+            parent = match procfs::stat(cursor) {
+                Some(stat) => stat.ppid,
+                None => break,
+            };
+        }
+        self.attribution.insert(pid, (start_ticks, replica));
+        replica
+    }
+
+    /// The replica whose group leader (or known tree member) is `pid`.
+    fn group_of(&self, pid: i32) -> Option<usize> {
+        self.members
+            .iter()
+            .position(|(group, pids)| *group == Some(pid) || pids.contains(&pid))
+    }
+
+    fn command(&mut self, pid: i32) -> String {
+        if let Some((_, command)) = self.commands.get(&pid) {
+            return command.clone();
+        }
+        let command = procfs::cmdline(pid);
+        let start = procfs::stat_sample(pid).map(|s| s.start_ticks).unwrap_or(0);
+        self.commands.insert(pid, (start, command.clone()));
+        command
+    }
+}
+
+#[cfg(test)]
+#[path = "sampler_tests.rs"]
+mod tests;

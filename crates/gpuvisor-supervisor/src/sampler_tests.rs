@@ -1,0 +1,195 @@
+//! Sampler tests on real process trees, with GPU usage in a simulator state file.
+
+use super::*;
+use crate::gpu_source::{SimDevice, SimSource};
+use std::process::{Child, Command};
+
+/// Writes a simulator state file (its layout: 8 header words, slots of 1 + 64 words).
+fn write_state(path: &std::path::Path, slots: &[(i32, &[u64])]) {
+    let mut words = vec![0u64; 8 + 1024 * 65];
+    words[0] = u64::from_le_bytes(*b"GVSIMST1");
+    words[1] = slots.len() as u64;
+    for (slot, (pid, bytes)) in slots.iter().enumerate() {
+        let base = 8 + slot * 65;
+        words[base] = *pid as u64;
+        for (device, value) in bytes.iter().enumerate() {
+            words[base + 1 + device] = *value;
+        }
+    }
+    let raw: Vec<u8> = words.iter().flat_map(|word| word.to_le_bytes()).collect();
+    std::fs::write(path, raw).unwrap();
+}
+
+fn devices() -> Vec<SimDevice> {
+    (0..2)
+        .map(|index| SimDevice {
+            uuid: format!("GPU-{index}"),
+            total_bytes: 80 << 30,
+            foreign_bytes: 0,
+        })
+        .collect()
+}
+
+fn info(label: &str) -> ReplicaInfo {
+    ReplicaInfo {
+        process: label.into(),
+        replica: 0,
+        label: label.into(),
+        budget_bytes: 1 << 30,
+    }
+}
+
+/// Waits until `root` has a descendant whose command line is `command`.
+fn find_descendant(root: i32, command: &str) -> i32 {
+    for _ in 0..300 {
+        if let Some(pid) = procfs::descendants(root)
+            .into_iter()
+            .find(|&pid| procfs::cmdline(pid) == command)
+        {
+            return pid;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    panic!("no `{command}` below {root}");
+}
+
+struct Killed(Vec<Child>);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        for child in &mut self.0 {
+            let pid = child.id() as i32;
+            for descendant in procfs::descendants(pid) {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(descendant),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+#[test]
+fn gpu_processes_count_toward_the_replica_they_descend_from() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    // A replica whose GPU worker is a grandchild, and a process of no replica.
+    let replica = Command::new("sh")
+        .args(["-c", "sh -c 'sleep 31; true' & wait"])
+        .spawn()
+        .unwrap();
+    let stranger = Command::new("sleep").arg("32").spawn().unwrap();
+    let root = replica.id() as i32;
+    let stranger_pid = stranger.id() as i32;
+    let _guard = Killed(vec![replica, stranger]);
+    let worker = find_descendant(root, "sleep 31");
+    write_state(
+        &state,
+        &[(worker, &[3 << 20, 1 << 20]), (stranger_pid, &[0, 5 << 20])],
+    );
+    let source = SimSource::new(state, devices());
+    let mut sampler = Sampler::new(
+        "job",
+        Duration::from_millis(100),
+        vec![info("a"), info("idle")],
+        Box::new(source),
+    );
+    let groups = [Some(root), None];
+    let snapshot = sampler.tick(TickInput {
+        groups: &groups,
+        ledger: &[None, None],
+        last_output_unix_ms: &[0, 0],
+        now_unix_ms: 1,
+    });
+    assert_eq!(snapshot.gpu_source, "simulator");
+    assert_eq!(snapshot.gpus[0].used_bytes, 3 << 20);
+    assert_eq!(snapshot.gpus[1].used_bytes, 6 << 20);
+    let a = &snapshot.replicas[0];
+    assert_eq!(a.gpu_bytes, 4 << 20, "{snapshot:#?}");
+    // The shells and the worker; the root stands for the keeper, which is left out.
+    assert!(a.process_count >= 2, "{a:?}");
+    assert!(a.rss_bytes > 0);
+    assert_eq!(snapshot.replicas[1].gpu_bytes, 0);
+    let row = snapshot.processes.iter().find(|p| p.pid == worker).unwrap();
+    assert_eq!(row.replica, Some(0));
+    assert_eq!(row.gpus, vec![0, 1]);
+    assert_eq!(row.gpu_bytes_by_gpu, vec![3 << 20, 1 << 20]);
+    assert_eq!(row.command, "sleep 31");
+    assert_eq!(snapshot.foreign_gpu_processes.len(), 1);
+    assert_eq!(snapshot.foreign_gpu_processes[0].pid, stranger_pid);
+    assert_eq!(snapshot.foreign_gpu_processes[0].command, "sleep 32");
+}
+
+#[test]
+fn a_worker_born_after_discovery_is_found_through_its_parent_chain() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let replica = Command::new("sh")
+        .args(["-c", "sh -c 'sleep 33; true' & wait"])
+        .spawn()
+        .unwrap();
+    let root = replica.id() as i32;
+    let _guard = Killed(vec![replica]);
+    let worker = find_descendant(root, "sleep 33");
+    let source = SimSource::new(state.clone(), devices());
+    let mut sampler = Sampler::new(
+        "job",
+        Duration::from_millis(100),
+        vec![info("a")],
+        Box::new(source),
+    );
+    // The tree as discovered knows only the worker's parent: the worker must be found by
+    // walking up its parent chain.
+    let parent = procfs::stat(worker).unwrap().ppid;
+    assert_ne!(parent, root);
+    sampler.members[0] = (Some(root), vec![parent]);
+    sampler.discovered = Some(Instant::now());
+    write_state(&state, &[(worker, &[7 << 20])]);
+    let snapshot = sampler.tick(TickInput {
+        groups: &[Some(root)],
+        ledger: &[None],
+        last_output_unix_ms: &[0],
+        now_unix_ms: 1,
+    });
+    assert_eq!(snapshot.replicas[0].gpu_bytes, 7 << 20, "{snapshot:#?}");
+    assert!(sampler.members[0].1.contains(&worker));
+    // Cached: the same answer without a walk, and the worker is now a tracked member.
+    let start = procfs::stat_sample(worker).unwrap().start_ticks;
+    assert_eq!(sampler.attribution.get(&worker), Some(&(start, Some(0))));
+}
+
+#[test]
+fn cpu_use_of_a_busy_tree_is_measured() {
+    // The root stands for the keeper; the busy loop is its child, the replica's command.
+    let busy = Command::new("sh")
+        .args(["-c", "sh -c 'while :; do :; done' & wait"])
+        .spawn()
+        .unwrap();
+    let root = busy.id() as i32;
+    let _guard = Killed(vec![busy]);
+    let mut sampler = Sampler::new(
+        "job",
+        Duration::from_millis(100),
+        vec![info("busy")],
+        Box::new(crate::gpu_source::NoGpus),
+    );
+    let groups = [Some(root)];
+    let input = |now| TickInput {
+        groups: &groups,
+        ledger: &[None],
+        last_output_unix_ms: &[0],
+        now_unix_ms: now,
+    };
+    find_descendant(root, "sh -c while :; do :; done");
+    sampler.tick(input(1));
+    std::thread::sleep(Duration::from_millis(400));
+    let snapshot = sampler.tick(input(2));
+    // At least a fifth of a core even on a crowded machine; a sleeping tree shows ~0.
+    assert!(snapshot.replicas[0].cpu_percent > 20.0, "{snapshot:#?}");
+    let command = snapshot.replicas[0]
+        .pid
+        .expect("the command below the root");
+    assert_eq!(procfs::stat(command).unwrap().ppid, root);
+}

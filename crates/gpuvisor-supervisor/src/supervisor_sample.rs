@@ -1,0 +1,120 @@
+//! The sampler's tick in the event loop: sample, check the policies, act, record, publish.
+
+use super::*;
+use crate::sampler::TickInput;
+use crate::watch::Remedy;
+
+impl Run<'_> {
+    /// One sampler tick.
+    pub(super) fn tick_sampler(&mut self, inputs: &mut Vec<Input>) {
+        let now_unix_ms = crate::clock::now_unix_ms();
+        let groups: Vec<Option<i32>> = self.tracks.iter().map(|track| track.pid).collect();
+        let ledger: Vec<Option<GpuUsage>> = self.tracks.iter().map(|track| track.gpu).collect();
+        // Quiet since the later of its last output and the start of its current life.
+        let last_output: Vec<u64> = self
+            .tracks
+            .iter()
+            .zip(self.last_output.iter())
+            .map(|(track, last)| {
+                let started = track
+                    .started
+                    .map(|started| now_unix_ms.saturating_sub(started.elapsed().as_millis() as u64))
+                    .unwrap_or(0);
+                last.load(Ordering::Relaxed).max(started)
+            })
+            .collect();
+        let mut snapshot = self.sampler.tick(TickInput {
+            groups: &groups,
+            ledger: &ledger,
+            last_output_unix_ms: &last_output,
+            now_unix_ms,
+        });
+        for ((row, slot), track) in snapshot
+            .replicas
+            .iter_mut()
+            .zip(self.machine.slots())
+            .zip(&mut self.tracks)
+        {
+            row.state = slot.phase.name().to_string();
+            row.restarts = slot.restarts;
+            // The peak of the tree's resident memory, for exit classification (OOM killer).
+            if row.process_count > 0 {
+                track.peak_rss = Some(track.peak_rss.unwrap_or(0).max(row.rss_bytes));
+            }
+        }
+        let shim_events = std::mem::take(&mut self.shim_events);
+        let findings = self.watch.check(&mut snapshot, &shim_events);
+        for finding in findings {
+            let mut event = finding.event;
+            if let Some(index) = finding.stall_of {
+                let files = self.dump_stacks(index, &snapshot);
+                if !files.is_empty() {
+                    event = event.with("stacks", files);
+                }
+            }
+            self.events.write(&event);
+            match finding.remedy {
+                Some(Remedy::KillReplica(index, reason)) => {
+                    inputs.push(Input::KillReplica(index, reason))
+                }
+                Some(Remedy::RestartReplica(index, reason)) => {
+                    inputs.push(Input::RestartReplica(index, reason))
+                }
+                Some(Remedy::KillPid(pid)) => {
+                    let result = nix::sys::signal::kill(Pid::from_raw(pid), Signal::SIGKILL);
+                    let mut event = Event::new("signal")
+                        .with("pid", pid)
+                        .with("signal", "SIGKILL")
+                        .with("reason", "gpu-use");
+                    if let Err(error) = result {
+                        event = event.with("error", error.desc());
+                    }
+                    self.events.write(&event);
+                }
+                None => {}
+            }
+        }
+        snapshot.counters = crate::sample::Counters {
+            denials: snapshot.replicas.iter().map(|row| row.denials).sum(),
+            violations: self.watch.violations,
+            restarts: snapshot
+                .replicas
+                .iter()
+                .map(|row| u64::from(row.restarts))
+                .sum(),
+            stalls: self.watch.stalls,
+            policy_actions: self.watch.actions,
+        };
+        if let Some(samples) = &mut self.samples {
+            if let Err(error) = samples.append(&snapshot) {
+                eprintln!("gpuvisor: cannot record samples, stopping that: {error}");
+                self.samples = None;
+            }
+        }
+        *self
+            .latest
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner()) = Some(snapshot);
+    }
+
+    /// Starts py-spy dumps of replica `index`'s Python processes (when py-spy is installed);
+    /// returns the files they write, relative to the run directory.
+    fn dump_stacks(&self, index: usize, snapshot: &crate::sample::Snapshot) -> Vec<String> {
+        let Some(py_spy) = &self.py_spy else {
+            return Vec::new();
+        };
+        let pids: Vec<i32> = snapshot
+            .processes
+            .iter()
+            .filter(|process| process.replica == Some(index))
+            .map(|process| process.pid)
+            .collect();
+        crate::stacks::dump_python_stacks(
+            py_spy,
+            &self.run_path,
+            &self.specs[index].file_stem,
+            &pids,
+            snapshot.time_unix_ms,
+        )
+    }
+}

@@ -1,0 +1,438 @@
+//! Policies and stall detection over each [`Snapshot`]: budget exceeded (replicas the shim
+//! does not enforce), GPU use by CPU-only replicas and their descendants, per-GPU headroom,
+//! and replicas quiet for too long, classified from their CPU and GPU use.
+//!
+//! Plain data in, findings out: the supervisor loop records the events and carries out the
+//! remedies, so every rule is testable without processes.
+
+use std::collections::{HashSet, VecDeque};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::events::Event;
+use crate::sample::Snapshot;
+
+pub use gpuvisor_core::spec::{BudgetAction, GpuUseAction};
+
+/// One replica's policies.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReplicaPolicy {
+    /// The shim enforces its budget (then the budget rule is the shim's job, not ours).
+    pub shim_enforced: bool,
+    /// It was planned CPU-only.
+    pub cpu_only: bool,
+    /// Its own process keeps its GPU but its descendants must not use one.
+    pub children_cpu_only: bool,
+    /// Budget exceeded.
+    pub on_budget_exceeded: BudgetAction,
+    /// GPU use while CPU-only.
+    pub on_gpu_use: GpuUseAction,
+    /// Quiet this long counts as a stall (`None`: never).
+    pub stall_after: Option<Duration>,
+}
+
+/// The job's policies.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WatchConfig {
+    /// Per replica (index = replica index).
+    pub replicas: Vec<ReplicaPolicy>,
+    /// Alarm when a GPU's free memory falls below this many bytes.
+    pub headroom_alarm_bytes: Option<u64>,
+}
+
+/// How a quiet replica looks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum StallKind {
+    /// CPU busy, GPU idle: compiling (XLA, torch.compile) or CPU-bound.
+    CompilingOrCpuBound,
+    /// CPU idle, GPU idle: likely waiting on a collective or the coordinator.
+    Waiting,
+    /// GPU busy: working, just quiet.
+    GpuBound,
+}
+
+impl StallKind {
+    /// The name in events and metrics.
+    pub fn name(self) -> &'static str {
+        match self {
+            StallKind::CompilingOrCpuBound => "compiling-or-cpu-bound",
+            StallKind::Waiting => "waiting",
+            StallKind::GpuBound => "gpu-bound",
+        }
+    }
+}
+
+/// What a stall is classified from.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct StallEvidence {
+    /// CPU use of the tree over the recent window, percent of one core.
+    pub cpu_percent: f32,
+    /// GPU utilisation of its GPU processes, percent (`None`: not measured).
+    pub gpu_utilization_percent: Option<u32>,
+    /// Processes running or runnable (`R`).
+    pub running: u32,
+    /// Processes in uninterruptible sleep (`D`, usually I/O).
+    pub disk_wait: u32,
+}
+
+/// GPU utilisation at or above this is "busy".
+pub const GPU_BUSY_PERCENT: u32 = 10;
+/// Tree CPU use at or above this (percent of one core) is "busy".
+pub const CPU_BUSY_PERCENT: f32 = 25.0;
+
+/// Classifies a quiet replica.
+pub fn classify_stall(evidence: &StallEvidence) -> StallKind {
+    if evidence
+        .gpu_utilization_percent
+        .is_some_and(|percent| percent >= GPU_BUSY_PERCENT)
+    {
+        StallKind::GpuBound
+    } else if evidence.cpu_percent >= CPU_BUSY_PERCENT {
+        StallKind::CompilingOrCpuBound
+    } else {
+        StallKind::Waiting
+    }
+}
+
+/// Something to do about a finding.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Remedy {
+    /// Kill replica `index` and keep it stopped (reason).
+    KillReplica(usize, String),
+    /// Restart replica `index` (reason).
+    RestartReplica(usize, String),
+    /// SIGKILL one process.
+    KillPid(i32),
+}
+
+/// One finding: an event to record, maybe a remedy, and pids to dump Python stacks of.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Finding {
+    /// The event.
+    pub event: Event,
+    /// What to do, if anything.
+    pub remedy: Option<Remedy>,
+    /// A stall of replica `index`: its Python processes to dump (py-spy), if installed.
+    pub stall_of: Option<usize>,
+}
+
+/// How far back CPU use is averaged for stall classification.
+const CPU_WINDOW_MS: u64 = 10_000;
+
+/// The policies' memory between ticks.
+#[derive(Debug, Default)]
+pub struct Watch {
+    config: WatchConfig,
+    over_budget: Vec<bool>,
+    stalled: Vec<bool>,
+    gpu_use_reported: HashSet<i32>,
+    headroom_low: Vec<bool>,
+    /// Per replica: (time ms, cumulative CPU percent·ms) over the window.
+    cpu_history: Vec<VecDeque<(u64, f64)>>,
+    /// Stalls found so far.
+    pub stalls: u64,
+    /// Violations (CPU-only GPU use) seen so far, from the GPU source or the shim.
+    pub violations: u64,
+    /// Policy findings so far (warnings included).
+    pub actions: u64,
+}
+
+impl Watch {
+    /// A watch over `config`.
+    pub fn new(config: WatchConfig) -> Watch {
+        let count = config.replicas.len();
+        Watch {
+            config,
+            over_budget: vec![false; count],
+            stalled: vec![false; count],
+            cpu_history: vec![VecDeque::new(); count],
+            ..Watch::default()
+        }
+    }
+
+    /// The policy of replica `index` (defaults when the job gave none).
+    fn policy(&self, index: usize) -> ReplicaPolicy {
+        self.config.replicas.get(index).cloned().unwrap_or_default()
+    }
+
+    /// Checks one snapshot (marking headroom alarms and stalls in it) and the shim's
+    /// `violation` events since the last tick.
+    pub fn check(&mut self, snapshot: &mut Snapshot, shim_events: &[Event]) -> Vec<Finding> {
+        let mut findings = Vec::new();
+        // Each replica's processes (indices), in one pass: the checks below are per replica.
+        let mut members: Vec<Vec<usize>> = vec![Vec::new(); snapshot.replicas.len()];
+        for (at, process) in snapshot.processes.iter().enumerate() {
+            if let Some(list) = process.replica.and_then(|index| members.get_mut(index)) {
+                list.push(at);
+            }
+        }
+        self.check_headroom(snapshot, &mut findings);
+        self.check_budgets(snapshot, &members, &mut findings);
+        self.check_gpu_use(snapshot, shim_events, &mut findings);
+        self.check_stalls(snapshot, &members, &mut findings);
+        self.actions += findings.iter().filter(|f| f.stall_of.is_none()).count() as u64;
+        findings
+    }
+
+    fn check_headroom(&mut self, snapshot: &mut Snapshot, findings: &mut Vec<Finding>) {
+        let Some(alarm) = self.config.headroom_alarm_bytes else {
+            return;
+        };
+        self.headroom_low.resize(snapshot.gpus.len(), false);
+        for (gpu, low_before) in snapshot.gpus.iter_mut().zip(&mut self.headroom_low) {
+            let free = gpu.total_bytes.saturating_sub(gpu.used_bytes);
+            gpu.headroom_alarm = free < alarm;
+            if gpu.headroom_alarm != *low_before {
+                *low_before = gpu.headroom_alarm;
+                let kind = if gpu.headroom_alarm {
+                    "headroom-low"
+                } else {
+                    "headroom-ok"
+                };
+                findings.push(Finding {
+                    event: Event::new(kind)
+                        .with("gpu", gpu.index)
+                        .with("uuid", gpu.uuid.clone())
+                        .with("free_bytes", free)
+                        .with("alarm_bytes", alarm),
+                    remedy: None,
+                    stall_of: None,
+                });
+            }
+        }
+    }
+
+    fn check_budgets(
+        &mut self,
+        snapshot: &Snapshot,
+        members: &[Vec<usize>],
+        findings: &mut Vec<Finding>,
+    ) {
+        for (index, replica) in snapshot.replicas.iter().enumerate() {
+            let policy = self.policy(index);
+            if policy.shim_enforced || policy.cpu_only || replica.budget_bytes == 0 {
+                continue;
+            }
+            // The budget is per GPU: the most the tree holds on any one GPU.
+            let mut per_gpu: Vec<(u32, u64)> = Vec::new();
+            for process in members[index].iter().map(|&at| &snapshot.processes[at]) {
+                // Per GPU where the source says so; else the total spread evenly (hand-made
+                // snapshots, older records).
+                let even = process.gpu_bytes / process.gpus.len().max(1) as u64;
+                for (at, &gpu) in process.gpus.iter().enumerate() {
+                    let share = process.gpu_bytes_by_gpu.get(at).copied().unwrap_or(even);
+                    match per_gpu.iter_mut().find(|(g, _)| *g == gpu) {
+                        Some((_, bytes)) => *bytes += share,
+                        None => per_gpu.push((gpu, share)),
+                    }
+                }
+            }
+            let Some(&(gpu, used)) = per_gpu.iter().max_by_key(|(_, bytes)| *bytes) else {
+                self.over_budget.resize(snapshot.replicas.len(), false);
+                self.over_budget[index] = false;
+                continue;
+            };
+            self.over_budget.resize(snapshot.replicas.len(), false);
+            let over = used > replica.budget_bytes;
+            if over && !self.over_budget[index] {
+                let action = policy.on_budget_exceeded;
+                let reason = format!(
+                    "GPU memory {used} bytes on GPU {gpu} is over its budget of {} bytes",
+                    replica.budget_bytes
+                );
+                findings.push(Finding {
+                    event: Event::new("budget-exceeded")
+                        .with("process", replica.label.clone())
+                        .with("replica", replica.replica)
+                        .with("gpu", gpu)
+                        .with("used_bytes", used)
+                        .with("budget_bytes", replica.budget_bytes)
+                        .with("action", serde_json::to_value(action).unwrap_or_default()),
+                    remedy: match action {
+                        BudgetAction::Warn => None,
+                        BudgetAction::Kill => Some(Remedy::KillReplica(index, reason)),
+                        BudgetAction::Restart => Some(Remedy::RestartReplica(index, reason)),
+                    },
+                    stall_of: None,
+                });
+            }
+            self.over_budget[index] = over;
+        }
+    }
+
+    fn check_gpu_use(
+        &mut self,
+        snapshot: &Snapshot,
+        shim_events: &[Event],
+        findings: &mut Vec<Finding>,
+    ) {
+        let mut present = HashSet::new();
+        for process in &snapshot.processes {
+            let Some(index) = process.replica else {
+                continue;
+            };
+            let policy = self.policy(index);
+            let own = snapshot.replicas[index].pid == Some(process.pid);
+            let forbidden = policy.cpu_only || (policy.children_cpu_only && !own);
+            if process.gpu_bytes == 0 || !forbidden {
+                continue;
+            }
+            present.insert(process.pid);
+            if !self.gpu_use_reported.insert(process.pid) {
+                continue;
+            }
+            let replica = &snapshot.replicas[index];
+            findings.push(self.gpu_use_finding(
+                index,
+                &replica.label,
+                process.pid,
+                &process.command,
+                snapshot.gpu_source.as_str(),
+                Some(process.gpu_bytes),
+            ));
+        }
+        for event in shim_events.iter().filter(|event| event.kind == "violation") {
+            let pid = event
+                .fields
+                .get("pid")
+                .and_then(|v| v.as_i64())
+                .unwrap_or(0) as i32;
+            let label = event.text("process").unwrap_or("");
+            let Some(index) = snapshot.replicas.iter().position(|r| r.label == label) else {
+                continue;
+            };
+            present.insert(pid);
+            if pid == 0 || !self.gpu_use_reported.insert(pid) {
+                continue;
+            }
+            let command = crate::procfs::cmdline(pid);
+            let command = if command.is_empty() {
+                event.text("executable").unwrap_or("").to_string()
+            } else {
+                command
+            };
+            findings.push(self.gpu_use_finding(index, label, pid, &command, "shim", None));
+        }
+        // A pid reported once is reported again only after it has left the GPU.
+        self.gpu_use_reported.retain(|pid| present.contains(pid));
+    }
+
+    fn gpu_use_finding(
+        &mut self,
+        index: usize,
+        label: &str,
+        pid: i32,
+        command: &str,
+        seen_by: &str,
+        bytes: Option<u64>,
+    ) -> Finding {
+        self.violations += 1;
+        let action = self.policy(index).on_gpu_use;
+        let mut event = Event::new("gpu-use")
+            .with("process", label.to_string())
+            .with("pid", pid)
+            .with("command", command.to_string())
+            .with("seen_by", seen_by.to_string())
+            .with("action", serde_json::to_value(action).unwrap_or_default());
+        if let Some(bytes) = bytes {
+            event = event.with("used_bytes", bytes);
+        }
+        Finding {
+            event,
+            remedy: (action == GpuUseAction::Kill).then_some(Remedy::KillPid(pid)),
+            stall_of: None,
+        }
+    }
+
+    fn check_stalls(
+        &mut self,
+        snapshot: &mut Snapshot,
+        members: &[Vec<usize>],
+        findings: &mut Vec<Finding>,
+    ) {
+        let now = snapshot.time_unix_ms;
+        let interval = snapshot.interval_ms.max(1) as f64;
+        self.stalled.resize(snapshot.replicas.len(), false);
+        self.cpu_history
+            .resize(snapshot.replicas.len(), VecDeque::new());
+        for (index, own) in members.iter().enumerate().take(snapshot.replicas.len()) {
+            let replica = &snapshot.replicas[index];
+            // CPU use integrated over time (monotonic even when processes come and go); each
+            // tick's figure covers the time since the previous tick.
+            let history = &mut self.cpu_history[index];
+            let (last_ms, last_total) = history.back().copied().unwrap_or((now, 0.0));
+            let covered = if history.is_empty() {
+                interval
+            } else {
+                now.saturating_sub(last_ms) as f64
+            };
+            let total = last_total + f64::from(replica.cpu_percent) * covered;
+            history.push_back((now, total));
+            while history.len() > 2 && history[1].0 + CPU_WINDOW_MS <= now {
+                history.pop_front();
+            }
+            let (first_ms, first_total) = history[0];
+            let span = now.saturating_sub(first_ms) as f64;
+            let cpu_percent = if span > 0.0 {
+                ((total - first_total) / span) as f32
+            } else {
+                replica.cpu_percent
+            };
+            let policy = self.policy(index);
+            let (Some(stall_after), Some(quiet_ms), Some(_)) =
+                (policy.stall_after, replica.quiet_ms, replica.pid)
+            else {
+                self.stalled[index] = false;
+                continue;
+            };
+            if quiet_ms < stall_after.as_millis() as u64 {
+                self.stalled[index] = false;
+                continue;
+            }
+            let mut evidence = StallEvidence {
+                cpu_percent,
+                gpu_utilization_percent: replica.gpu_utilization_percent,
+                ..StallEvidence::default()
+            };
+            for process in own.iter().map(|&at| &snapshot.processes[at]) {
+                match process.state {
+                    'R' => evidence.running += 1,
+                    'D' => evidence.disk_wait += 1,
+                    _ => {}
+                }
+            }
+            let kind = classify_stall(&evidence);
+            snapshot.replicas[index].stall = Some(kind.name().to_string());
+            if self.stalled[index] {
+                continue;
+            }
+            self.stalled[index] = true;
+            self.stalls += 1;
+            let replica = &snapshot.replicas[index];
+            let mut event = Event::new("stall")
+                .with("process", replica.label.clone())
+                .with("replica", replica.replica)
+                .with("class", kind.name())
+                .with("quiet_ms", quiet_ms)
+                .with("cpu_percent", (cpu_percent * 10.0).round() / 10.0)
+                .with("running", evidence.running)
+                .with("disk_wait", evidence.disk_wait)
+                .with("processes", replica.process_count);
+            event = match evidence.gpu_utilization_percent {
+                Some(percent) => event.with("gpu_utilization_percent", percent),
+                None => event.with("gpu_utilization_percent", serde_json::Value::Null),
+            };
+            findings.push(Finding {
+                event,
+                remedy: None,
+                stall_of: Some(index),
+            });
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "watch_tests.rs"]
+mod tests;
