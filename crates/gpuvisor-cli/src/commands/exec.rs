@@ -176,10 +176,13 @@ pub fn run(args: ExecArgs) -> Result<ExitCode, Failure> {
     Ok(ExitCode::from(exit_status.clamp(0, 255) as u8))
 }
 
-/// `gpuvisor __exec-child -- CMD`: unblocks the signals `exec` forwards (blocked in gpuvisor
-/// and inherited), then becomes CMD. Exits 127 / 126 like a shell when CMD cannot be run.
+/// `gpuvisor __exec-child -- CMD`: restores default actions and unblocks the signals `exec`
+/// forwards (blocked in gpuvisor and inherited), then becomes CMD. Exits 127 / 126 like a shell when CMD cannot be run.
 pub fn run_child(args: ExecChildArgs) -> ExitCode {
-    let _ = signals::unblock();
+    // Default actions and an empty mask, as `run` gives its replicas: gpuvisor blocks the
+    // signals it forwards, and a background shell may have started it with SIGINT ignored,
+    // which would survive the exec and make the forwarded Ctrl-C do nothing.
+    let _ = gpuvisor_supervisor::spawn::reset_signals();
     let error = Command::new(&args.command[0])
         .args(&args.command[1..])
         .exec();

@@ -3,7 +3,8 @@
 //! The signals are blocked in every thread of gpuvisor and taken with `sigwait` by one thread,
 //! which passes them on. A child inherits the signal mask, and unblocking them around the spawn
 //! would let a signal kill gpuvisor between fork and exec; so the child is started as
-//! `gpuvisor __exec-child -- CMD`, which unblocks them in itself ([`unblock`]) and execs CMD.
+//! `gpuvisor __exec-child -- CMD`, which restores default actions and an empty mask in itself
+//! (the supervisor's `spawn::reset_signals`) and execs CMD.
 //! SIGINT from a terminal already reaches the child (same foreground process group), so it is
 //! forwarded only when gpuvisor is not attached to a terminal, to avoid a double Ctrl-C.
 
@@ -32,11 +33,6 @@ fn forwarded_set() -> SigSet {
 /// first thing, so threads a library starts later (NVML) block them too.
 pub fn block() -> nix::Result<()> {
     forwarded_set().thread_block()
-}
-
-/// Unblocks the forwarded signals in this thread (the exec trampoline, before it execs).
-pub fn unblock() -> nix::Result<()> {
-    forwarded_set().thread_unblock()
 }
 
 /// Starts the thread that forwards signals to `child` until the process exits.
