@@ -120,8 +120,9 @@ def section(args):
         f"{seconds} s window; load average {load_before:.1f} when it started, on {os.cpu_count()} cores).", "",
         f"The supervisor process of `gpuvisor run` (all its threads; not the keepers or replicas) while "
         f"{replicas} GPU replicas (`sleep`, shim and ledger in place, {2 * replicas} processes) run, with "
-        "`stall_after = \"10s\"`. At 100 ms each tick reads the simulator's state file, the ledger and "
-        "/proc/PID/schedstat of every process of the job (their stat and children lists every 2 s), "
+        "`stall_after = \"10s\"`. At 100 ms each tick reads the simulator's state file and the "
+        "ledger's per-replica totals, every fifth tick (500 ms) /proc/PID/schedstat of every process "
+        "of the job (their stat and children lists every 2 s), "
         "checks the policies, appends to `samples/` and updates the snapshot that the control socket "
         "and metrics serve; at 60 s the sampler ticks about once in the window, which leaves the rest "
         "of the supervisor (event loop, clean-up footprint every 1 s, log pump).", "",

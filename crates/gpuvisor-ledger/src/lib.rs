@@ -41,7 +41,7 @@ pub use events::{Event, EventBatch, EventKind};
 pub use layout::{MAX_DEVICES, NO_LIMIT};
 pub use ledger::{format_uuid, parse_uuid, CreateOptions, DeviceInfo, GroupConfig, Ledger};
 pub use procfs::{is_alive, read_identity, ProcessIdentity};
-pub use snapshot::{GroupUsage, ProcessUsage, Snapshot};
+pub use snapshot::{GroupTotals, GroupUsage, ProcessUsage, Snapshot};
 
 /// Environment variable naming the ledger file.
 pub const ENV_LEDGER: &str = "GPUVISOR_LEDGER";

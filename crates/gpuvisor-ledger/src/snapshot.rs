@@ -86,7 +86,40 @@ fn load_all(counters: &[std::sync::atomic::AtomicU64], n: usize) -> Vec<u64> {
         .collect()
 }
 
+/// One group's usage, the most on any one device: what the supervisor samples every tick.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GroupTotals {
+    /// Bytes charged, the most on any one device.
+    pub used_bytes: u64,
+    /// Highest charge seen, the most on any one device.
+    pub peak_bytes: u64,
+    /// Allocations refused.
+    pub denied_count: u64,
+}
+
 impl Ledger {
+    /// `group`'s totals (all zero for an unknown group): a few atomic loads, where
+    /// [`Ledger::snapshot`] also copies every slot and event (too much every 100 ms).
+    pub fn group_totals(&self, group: u32) -> GroupTotals {
+        if group >= self.group_count {
+            return GroupTotals::default();
+        }
+        let n = self.device_count as usize;
+        let g = self.group(group as usize);
+        let most = |counters: &[std::sync::atomic::AtomicU64]| {
+            counters[..n]
+                .iter()
+                .map(|c| c.load(Ordering::Relaxed))
+                .max()
+                .unwrap_or(0)
+        };
+        GroupTotals {
+            used_bytes: most(&g.used_bytes),
+            peak_bytes: most(&g.peak_bytes),
+            denied_count: g.denied_count.load(Ordering::Relaxed),
+        }
+    }
+
     /// Reads the whole ledger.
     pub fn snapshot(&self) -> Snapshot {
         let n = self.device_count as usize;

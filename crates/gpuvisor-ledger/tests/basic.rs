@@ -416,3 +416,34 @@ fn only_regular_files_are_opened() {
         assert!(text.contains("\nhint: "), "{text}");
     }
 }
+
+#[test]
+fn group_totals_are_the_most_on_any_device() {
+    let path = TempPath::new("totals");
+    let ledger = Ledger::create(
+        &path.0,
+        &devices(2),
+        &[group("a", &[], &[]), group("b", &[GIB, 10 * GIB], &[])],
+    )
+    .unwrap();
+    let slot = ledger.register_current_process(1).unwrap();
+    ledger.charge(slot, 1, 3 * GIB).unwrap();
+    ledger.charge(slot, 0, GIB).unwrap();
+    let denial = ledger.charge(slot, 0, 1).unwrap_err();
+    ledger.record_denial(slot, 42, 0, 1, &denial);
+    ledger.uncharge(slot, 1, 2 * GIB);
+    let totals = ledger.group_totals(1);
+    assert_eq!(
+        totals,
+        GroupTotals {
+            used_bytes: GIB,
+            peak_bytes: 3 * GIB,
+            denied_count: 1
+        }
+    );
+    // The snapshot agrees.
+    let snap = ledger.snapshot();
+    assert_eq!(snap.groups[1].denied_count, totals.denied_count);
+    assert_eq!(ledger.group_totals(0), GroupTotals::default());
+    assert_eq!(ledger.group_totals(7), GroupTotals::default());
+}

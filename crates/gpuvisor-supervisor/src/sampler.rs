@@ -4,6 +4,11 @@
 //! [`Snapshot`]. State, parent and resident memory come from /proc/PID/stat, read when the
 //! trees are rediscovered (every 2 s), so they are at most 2 s old.
 //!
+//! CPU time is read at most every [`CPU_READ_EVERY`] (every tick when the interval is at least
+//! that): CPU use is a rate and its only consumer, the stall classifier, averages it over 10 s,
+//! while the reads were most of a 100 ms tick's cost with hundreds of replicas. Ticks in between
+//! repeat each process's last measured rate.
+//!
 //! Every GPU pid is attributed to the replica it descends from by walking its parent chain up
 //! to a replica's process group leader (the keeper); the answer is cached per (pid, start
 //! time), so a long-lived worker costs one walk in its life. The replicas' trees are
@@ -48,6 +53,8 @@ pub struct TickInput<'a> {
 const MAX_CHAIN: usize = 64;
 /// How often replica trees are rediscovered (and their members' state and RSS read).
 const DISCOVER_EVERY: Duration = Duration::from_secs(2);
+/// The shortest time between two reads of the members' CPU time.
+pub const CPU_READ_EVERY: Duration = Duration::from_millis(500);
 
 /// The sampler's state between ticks.
 pub struct Sampler {
@@ -67,13 +74,21 @@ pub struct Sampler {
     /// Per replica: its group and the pids of its tree at the last discovery.
     members: Vec<(Option<i32>, Vec<i32>)>,
     discovered: Option<Instant>,
-    /// pid -> CPU time (ns) at the previous tick.
+    /// pid -> CPU time (ns) at the previous CPU read.
     previous_cpu: HashMap<i32, u64>,
+    /// pid -> CPU use (% of a core) measured at the last CPU read, repeated until the next.
+    cpu_rate: HashMap<i32, f32>,
+    /// When the CPU time was last read.
+    cpu_read: Option<Instant>,
+    /// CPU reads so far (ticks that read /proc/PID/schedstat).
+    cpu_reads: u64,
+    /// Scratch maps reused every tick, so a tick allocates no new tables.
+    by_pid: HashMap<i32, usize>,
+    seen_cpu: HashMap<i32, u64>,
     /// pid -> (start ticks, replica) for GPU processes.
     attribution: HashMap<i32, (u64, Option<usize>)>,
     /// pid -> (start ticks, command line) for GPU processes.
     commands: HashMap<i32, (u64, String)>,
-    last_tick: Option<Instant>,
 }
 
 impl std::fmt::Debug for Sampler {
@@ -104,23 +119,35 @@ impl Sampler {
             members: vec![(None, Vec::new()); count],
             discovered: None,
             previous_cpu: HashMap::new(),
+            cpu_rate: HashMap::new(),
+            cpu_read: None,
+            cpu_reads: 0,
+            by_pid: HashMap::new(),
+            seen_cpu: HashMap::new(),
             attribution: HashMap::new(),
             commands: HashMap::new(),
-            last_tick: None,
         }
     }
 
     /// One tick.
     pub fn tick(&mut self, input: TickInput<'_>) -> Snapshot {
         let now = Instant::now();
-        let elapsed_s = self
-            .last_tick
-            .map(|last| now.duration_since(last).as_secs_f32())
-            .unwrap_or(0.0);
-        self.last_tick = Some(now);
+        // Half an interval of slack, so ticks that run a little early still read on the
+        // 500 ms beat rather than one tick late.
+        let read_cpu = self
+            .cpu_read
+            .is_none_or(|last| now.duration_since(last) + self.interval / 2 >= CPU_READ_EVERY);
+        let elapsed_s = match (read_cpu, self.cpu_read) {
+            (true, Some(last)) => now.duration_since(last).as_secs_f32(),
+            _ => 0.0,
+        };
+        if read_cpu {
+            self.cpu_read = Some(now);
+            self.cpu_reads += 1;
+        }
         self.discover(input.groups, now);
         let gpu = self.source.read();
-        let mut processes: Vec<ProcessStat> = Vec::new();
+        let mut processes: Vec<ProcessStat> = Vec::with_capacity(self.previous_cpu.len());
         let mut replicas: Vec<ReplicaStat> = self
             .infos
             .iter()
@@ -147,26 +174,37 @@ impl Sampler {
             })
             .collect();
         // pid -> index in `processes`, to add GPU figures to the job's own processes.
-        let mut by_pid: HashMap<i32, usize> = HashMap::new();
-        let mut seen_cpu: HashMap<i32, u64> = HashMap::new();
+        let mut by_pid = std::mem::take(&mut self.by_pid);
+        by_pid.clear();
+        let mut seen_cpu = std::mem::take(&mut self.seen_cpu);
+        seen_cpu.clear();
         for (index, (group, pids)) in self.members.iter_mut().enumerate() {
             let Some(group) = *group else { continue };
-            let mut alive = Vec::with_capacity(pids.len());
-            for &pid in pids.iter() {
-                let (Some(cpu_ns), Some(stat)) = (
-                    self.sched.read_with(pid, procfs::parse_schedstat_ns),
-                    self.info.get(&pid),
-                ) else {
+            // In place: a pid whose schedstat cannot be read any more is gone.
+            let mut kept = 0;
+            for at in 0..pids.len() {
+                let pid = pids[at];
+                let Some(stat) = self.info.get(&pid) else {
                     continue;
                 };
-                alive.push(pid);
-                let cpu_percent = match self.previous_cpu.get(&pid) {
-                    Some(&before) if elapsed_s > 0.0 => {
-                        cpu_ns.saturating_sub(before) as f32 / 1e9 / elapsed_s * 100.0
-                    }
-                    _ => 0.0,
+                let cpu_percent = if read_cpu {
+                    let Some(cpu_ns) = self.sched.read_with(pid, procfs::parse_schedstat_ns) else {
+                        continue;
+                    };
+                    seen_cpu.insert(pid, cpu_ns);
+                    let rate = match self.previous_cpu.get(&pid) {
+                        Some(&before) if elapsed_s > 0.0 => {
+                            cpu_ns.saturating_sub(before) as f32 / 1e9 / elapsed_s * 100.0
+                        }
+                        _ => 0.0,
+                    };
+                    self.cpu_rate.insert(pid, rate);
+                    rate
+                } else {
+                    self.cpu_rate.get(&pid).copied().unwrap_or(0.0)
                 };
-                seen_cpu.insert(pid, cpu_ns);
+                pids[kept] = pid;
+                kept += 1;
                 let row = &mut replicas[index];
                 if stat.state != 'Z' {
                     row.process_count += 1;
@@ -187,10 +225,18 @@ impl Sampler {
                     ..ProcessStat::default()
                 });
             }
-            *pids = alive;
+            pids.truncate(kept);
         }
         let foreign = self.add_gpu_processes(&gpu, &mut processes, &mut by_pid, &mut replicas);
-        self.previous_cpu = seen_cpu;
+        self.by_pid = by_pid;
+        if read_cpu {
+            // The previous read's figures go back as next tick's scratch map.
+            self.seen_cpu = std::mem::replace(&mut self.previous_cpu, seen_cpu);
+            let previous = &self.previous_cpu;
+            self.cpu_rate.retain(|pid, _| previous.contains_key(pid));
+        } else {
+            self.seen_cpu = seen_cpu;
+        }
         for (index, row) in replicas.iter_mut().enumerate() {
             let quiet = input
                 .last_output_unix_ms

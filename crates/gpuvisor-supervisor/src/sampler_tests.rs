@@ -184,7 +184,7 @@ fn cpu_use_of_a_busy_tree_is_measured() {
     };
     find_descendant(root, "sh -c while :; do :; done");
     sampler.tick(input(1));
-    std::thread::sleep(Duration::from_millis(400));
+    std::thread::sleep(CPU_READ_EVERY + Duration::from_millis(100));
     let snapshot = sampler.tick(input(2));
     // At least a fifth of a core even on a crowded machine; a sleeping tree shows ~0.
     assert!(snapshot.replicas[0].cpu_percent > 20.0, "{snapshot:#?}");
@@ -192,4 +192,70 @@ fn cpu_use_of_a_busy_tree_is_measured() {
         .pid
         .expect("the command below the root");
     assert_eq!(procfs::stat(command).unwrap().ppid, root);
+}
+
+#[test]
+fn cpu_time_is_read_at_most_every_500_ms_and_its_rate_carried_between() {
+    let busy = Command::new("sh")
+        .args(["-c", "sh -c 'while :; do :; done' & wait"])
+        .spawn()
+        .unwrap();
+    let root = busy.id() as i32;
+    let _guard = Killed(vec![busy]);
+    let mut sampler = Sampler::new(
+        "job",
+        Duration::from_millis(100),
+        vec![info("busy")],
+        Box::new(crate::gpu_source::NoGpus),
+    );
+    let groups = [Some(root)];
+    let input = |now| TickInput {
+        groups: &groups,
+        ledger: &[None],
+        last_output_unix_ms: &[0],
+        now_unix_ms: now,
+    };
+    find_descendant(root, "sh -c while :; do :; done");
+    sampler.tick(input(1));
+    assert_eq!(sampler.cpu_reads, 1, "the first tick reads");
+    std::thread::sleep(Duration::from_millis(100));
+    sampler.tick(input(2));
+    assert_eq!(sampler.cpu_reads, 1, "100 ms later: no read");
+    std::thread::sleep(CPU_READ_EVERY);
+    let measured = sampler.tick(input(3));
+    assert_eq!(sampler.cpu_reads, 2, "after 600 ms: a read");
+    assert!(measured.replicas[0].cpu_percent > 20.0, "{measured:#?}");
+    // The next 100 ms tick repeats the measured rate rather than reporting 0.
+    std::thread::sleep(Duration::from_millis(100));
+    let between = sampler.tick(input(4));
+    assert_eq!(sampler.cpu_reads, 2);
+    assert_eq!(
+        between.replicas[0].cpu_percent,
+        measured.replicas[0].cpu_percent
+    );
+    assert_eq!(
+        between.replicas[0].process_count,
+        measured.replicas[0].process_count
+    );
+}
+
+#[test]
+fn cpu_time_is_read_every_tick_at_intervals_of_500_ms_or_more() {
+    let mut sampler = Sampler::new(
+        "job",
+        CPU_READ_EVERY,
+        vec![info("idle")],
+        Box::new(crate::gpu_source::NoGpus),
+    );
+    let input = TickInput {
+        groups: &[None],
+        ledger: &[None],
+        last_output_unix_ms: &[0],
+        now_unix_ms: 1,
+    };
+    sampler.tick(input);
+    // Half an interval of slack: a tick 250 ms early still reads.
+    std::thread::sleep(Duration::from_millis(260));
+    sampler.tick(input);
+    assert_eq!(sampler.cpu_reads, 2);
 }

@@ -257,7 +257,10 @@ fn kib(bytes: u64) -> u64 {
 
 fn encode(record: &Record) -> String {
     use std::fmt::Write as _;
-    let mut line = format!(
+    // About 30 bytes a replica: one allocation for the whole line.
+    let mut line = String::with_capacity(64 + 32 * (record.gpus.len() + record.replicas.len()));
+    let _ = write!(
+        line,
         "{{\"t\":{},\"n\":{},\"g\":[",
         record.time_unix_ms, record.ticks
     );
@@ -270,18 +273,20 @@ fn encode(record: &Record) -> String {
     }
     line.push_str("],\"r\":[");
     for (at, r) in record.replicas.iter().enumerate() {
-        let ledger = r
-            .ledger_bytes
-            .map_or("null".to_string(), |b| kib(b).to_string());
         let comma = if at > 0 { "," } else { "" };
+        // Written in place (no String per replica): this runs every tick for every replica.
         let _ = write!(
             line,
-            "{comma}[{},{:.1},{},{ledger},{}]",
+            "{comma}[{},{:.1},{},",
             kib(r.rss_bytes),
             r.cpu_percent,
-            kib(r.gpu_bytes),
-            r.processes
+            kib(r.gpu_bytes)
         );
+        let _ = match r.ledger_bytes {
+            Some(bytes) => write!(line, "{}", kib(bytes)),
+            None => write!(line, "null"),
+        };
+        let _ = write!(line, ",{}]", r.processes);
     }
     line.push_str("]}");
     line

@@ -131,6 +131,9 @@ pub struct Watch {
     headroom_low: Vec<bool>,
     /// Per replica: (time ms, cumulative CPU percent·ms) over the window.
     cpu_history: Vec<VecDeque<(u64, f64)>>,
+    /// Per replica: its processes' indices in the snapshot; kept between ticks so a tick
+    /// reuses the lists instead of allocating one per replica.
+    members: Vec<Vec<usize>>,
     /// Stalls found so far.
     pub stalls: u64,
     /// Violations (CPU-only GPU use) seen so far, from the GPU source or the shim.
@@ -162,7 +165,9 @@ impl Watch {
     pub fn check(&mut self, snapshot: &mut Snapshot, shim_events: &[Event]) -> Vec<Finding> {
         let mut findings = Vec::new();
         // Each replica's processes (indices), in one pass: the checks below are per replica.
-        let mut members: Vec<Vec<usize>> = vec![Vec::new(); snapshot.replicas.len()];
+        let mut members = std::mem::take(&mut self.members);
+        members.resize_with(snapshot.replicas.len(), Vec::new);
+        members.iter_mut().for_each(Vec::clear);
         for (at, process) in snapshot.processes.iter().enumerate() {
             if let Some(list) = process.replica.and_then(|index| members.get_mut(index)) {
                 list.push(at);
@@ -172,6 +177,7 @@ impl Watch {
         self.check_budgets(snapshot, &members, &mut findings);
         self.check_gpu_use(snapshot, shim_events, &mut findings);
         self.check_stalls(snapshot, &members, &mut findings);
+        self.members = members;
         self.actions += findings.iter().filter(|f| f.stall_of.is_none()).count() as u64;
         findings
     }

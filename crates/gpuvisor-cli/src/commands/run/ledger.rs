@@ -161,15 +161,15 @@ impl Hooks for LedgerHooks {
         let Some(ledger) = &self.ledger else {
             return GpuSample::default();
         };
-        let snapshot = ledger.snapshot();
-        let usage = snapshot
-            .groups
-            .iter()
+        // Per-group totals only: a whole snapshot (every slot and event) each tick was a
+        // quarter of the sampler's cost at 100 ms.
+        let usage = (0..ledger.group_count() as u32)
             .map(|group| {
+                let totals = ledger.group_totals(group);
                 Some(GpuUsage {
-                    used_bytes: group.used_bytes.iter().copied().max().unwrap_or(0),
-                    peak_bytes: group.peak_bytes.iter().copied().max().unwrap_or(0),
-                    denials: group.denied_count,
+                    used_bytes: totals.used_bytes,
+                    peak_bytes: totals.peak_bytes,
+                    denials: totals.denied_count,
                 })
             })
             .collect();
