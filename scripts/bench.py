@@ -27,6 +27,19 @@ ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "benchmarks.md"
 
 
+def replace_section(heading, text, doc_path=DOC):
+    """Replaces the `## heading` section of docs/benchmarks.md with `text` (appends it if absent):
+    how the single-section scripts (bench_supervisor.py, bench_sampler.py --write) update it."""
+    doc = doc_path.read_text() if doc_path.exists() else "# Benchmarks\n"
+    start = doc.find(f"## {heading}")
+    if start >= 0:
+        end = doc.find("\n## ", start + 1)
+        doc = doc[:start] + text + ("\n" + doc[end:] if end >= 0 else "\n")
+    else:
+        doc = doc.rstrip() + "\n\n" + text + "\n"
+    doc_path.write_text(doc)
+
+
 def sh(args, **kwargs):
     """Runs a command, failing loudly with its output."""
     result = subprocess.run(args, capture_output=True, text=True, **kwargs)

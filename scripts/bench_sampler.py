@@ -26,7 +26,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-DOC = ROOT / "docs" / "benchmarks.md"
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -150,14 +149,9 @@ def main():
     text = "\n".join(section(args))
     print(text)
     if args.write:
-        doc = DOC.read_text() if DOC.exists() else "# Benchmarks\n"
-        start = doc.find("## Sampler")
-        if start >= 0:
-            end = doc.find("\n## ", start + 1)
-            doc = doc[:start] + text + ("\n" + doc[end:] if end >= 0 else "\n")
-        else:
-            doc = doc.rstrip() + "\n\n" + text + "\n"
-        DOC.write_text(doc)
+        from bench import replace_section  # here, not at the top: bench.py imports this file
+
+        replace_section("Sampler", text)
 
 
 if __name__ == "__main__":

@@ -28,7 +28,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-DOC = ROOT / "docs" / "benchmarks.md"
 LINE = "2026-11-21 12:00:00 INFO actor step=123456 reward=0.98765 loss=0.0123 fps=4567"
 MARKER = b"reward=0.98765"
 WORKLOAD = {"yes", "timeout", "sh"}
@@ -304,14 +303,9 @@ def main():
     text = "\n".join(section(args))
     print(text)
     if args.write:
-        doc = DOC.read_text() if DOC.exists() else "# Benchmarks\n"
-        start = doc.find("## Supervisor")
-        if start >= 0:
-            end = doc.find("\n## ", start + 1)
-            doc = doc[:start] + text + ("\n" + doc[end:] if end >= 0 else "\n")
-        else:
-            doc = doc.rstrip() + "\n\n" + text + "\n"
-        DOC.write_text(doc)
+        from bench import replace_section  # here, not at the top: bench.py imports this file
+
+        replace_section("Supervisor", text)
 
 
 if __name__ == "__main__":
