@@ -220,3 +220,60 @@ fn the_readme_main_job_runs_on_the_simulator() {
     assert_eq!(denials[0]["process"], "greedy");
     assert_eq!(denials[0]["limit_bytes"], 512u64 << 20);
 }
+
+/// Denials name GPUs by NVML index, and a GPU outside the job's `[gpus] devices` is fenced off
+/// with a zero budget: resetting CUDA_VISIBLE_DEVICES does not escape the budget.
+#[test]
+fn denials_name_the_gpu_and_gpus_outside_the_job_are_fenced_off() {
+    let dir = tempfile::tempdir().unwrap();
+    let program = linked().display().to_string();
+    let other_gpu = "GPU-5111a7ed-0000-4000-8000-000000000000";
+    let job = format!(
+        r#"
+[gpus]
+devices = [1]
+
+[process.own]
+command = ["{program}", "init", "ctx", "0", "alloc", "3GiB", "alloc", "3GiB"]
+framework = "cuda"
+memory = "4GiB"
+
+[process.sneaky]
+command = ["env", "CUDA_VISIBLE_DEVICES={other_gpu}", "{program}", "init", "ctx", "0", "alloc", "1MiB"]
+framework = "cuda"
+memory = "4GiB"
+"#
+    );
+    std::fs::write(dir.path().join("job.toml"), job).unwrap();
+    let output = gpuvisor()
+        .current_dir(dir.path())
+        .args([
+            "run",
+            "job.toml",
+            "--run-dir",
+            "run",
+            "--simulate",
+            "2x16GiB",
+            "--quiet",
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let events =
+        gpuvisor_supervisor::events::read_events(&dir.path().join("run/events.jsonl")).unwrap();
+    let denial = |process: &str| {
+        events
+            .iter()
+            .find(|event| event["kind"] == "denial" && event["process"] == process)
+            .unwrap_or_else(|| panic!("no denial for {process}: {events:?}\n{stderr}"))
+            .clone()
+    };
+    // `own` runs on GPU 1 (the only device the job may use): the ledger's device 0.
+    let own = denial("own");
+    assert_eq!(own["device"], 1, "{own:?}");
+    assert_eq!(own["limit_bytes"], 4u64 << 30, "{own:?}");
+    // `sneaky` made GPU 0 visible again: it is in the ledger with a zero budget.
+    let sneaky = denial("sneaky");
+    assert_eq!(sneaky["device"], 0, "{sneaky:?}");
+    assert_eq!(sneaky["limit_bytes"], 0, "{sneaky:?}");
+}

@@ -200,7 +200,7 @@ fn make_hooks(
         Enforcement::Shim => {
             let path = dir.join(format!("gpuvisor-{safe_name}-{pid}"));
             let shim = libraries.map(|libraries| libraries.shim.clone());
-            ledger::LedgerHooks::create(plan, &path, shim, extra_env, files)?
+            ledger::LedgerHooks::create(plan, inventory, &path, shim, extra_env, files)?
         }
     };
     Ok((hooks, sim_state))

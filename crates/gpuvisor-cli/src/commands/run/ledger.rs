@@ -6,6 +6,7 @@
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
+use gpuvisor_core::inventory::Inventory;
 use gpuvisor_core::plan::Plan;
 use gpuvisor_core::spec::DeviceKind;
 use gpuvisor_ledger::{
@@ -30,36 +31,51 @@ pub struct LedgerHooks {
     labels: Vec<String>,
     cpu_only: Vec<bool>,
     children_cpu_only: Vec<bool>,
+    /// The NVML index of each ledger device, so events name GPUs as everything else does.
+    device_gpus: Vec<u32>,
     next_event: u64,
 }
 
 impl LedgerHooks {
-    /// Creates the ledger at `path` for `plan`: its GPUs, and a group per replica whose limit
-    /// on each of the replica's GPUs is its budget (0 elsewhere: it cannot see them).
+    /// Creates the ledger at `path` for `plan`: its GPUs, then the machine's other GPUs
+    /// (outside `[gpus] devices`), and a group per replica whose limit on each of the
+    /// replica's GPUs is its budget and 0 on every other one, so a process that makes another
+    /// GPU visible again is refused there instead of escaping its budget.
     pub fn create(
         plan: &Plan,
+        inventory: &Inventory,
         path: &Path,
         shim: Option<PathBuf>,
         extra_env: Vec<(String, Option<String>)>,
         files: Vec<PathBuf>,
     ) -> Result<LedgerHooks, Failure> {
-        let devices: Vec<DeviceInfo> = plan
+        let planned = plan
             .gpus
             .iter()
-            .map(|gpu| DeviceInfo {
-                uuid: gpu.uuid.clone(),
-                total_bytes: gpu.total_bytes,
+            .map(|gpu| (gpu.index, &gpu.uuid, gpu.total_bytes));
+        let fenced = inventory
+            .gpus
+            .iter()
+            .filter(|gpu| !plan.gpus.iter().any(|planned| planned.uuid == gpu.uuid))
+            .map(|gpu| (gpu.index, &gpu.uuid, gpu.total_bytes));
+        let (device_gpus, devices): (Vec<u32>, Vec<DeviceInfo>) = planned
+            .chain(fenced)
+            .map(|(index, uuid, total_bytes)| {
+                let device = DeviceInfo {
+                    uuid: uuid.clone(),
+                    total_bytes,
+                };
+                (index, device)
             })
-            .collect();
+            .unzip();
         let groups: Vec<GroupConfig> = plan
             .replicas
             .iter()
             .map(|replica| {
-                let limit_bytes = plan
-                    .gpus
+                let limit_bytes = devices
                     .iter()
-                    .map(|gpu| {
-                        if replica.gpus.iter().any(|placed| placed.uuid == gpu.uuid) {
+                    .map(|device| {
+                        if replica.gpus.iter().any(|placed| placed.uuid == device.uuid) {
                             replica.budget_bytes
                         } else {
                             0
@@ -69,7 +85,7 @@ impl LedgerHooks {
                 GroupConfig {
                     name: replica.label(),
                     limit_bytes,
-                    per_process_limit_bytes: vec![NO_LIMIT; plan.gpus.len()],
+                    per_process_limit_bytes: vec![NO_LIMIT; devices.len()],
                     cpu_only: replica.device == DeviceKind::Cpu,
                     children_cpu_only: replica.children_cpu_only,
                 }
@@ -94,6 +110,7 @@ impl LedgerHooks {
                 .collect(),
             cpu_only: groups.iter().map(|group| group.cpu_only).collect(),
             children_cpu_only: groups.iter().map(|group| group.children_cpu_only).collect(),
+            device_gpus,
             next_event: 0,
         })
     }
@@ -110,6 +127,7 @@ impl LedgerHooks {
             labels: Vec::new(),
             cpu_only: Vec::new(),
             children_cpu_only: Vec::new(),
+            device_gpus: Vec::new(),
             next_event: 0,
         }
     }
@@ -188,7 +206,13 @@ impl Hooks for LedgerHooks {
                 } => Event::new("denial")
                     .with("process", self.label(event.group))
                     .with("pid", event.pid)
-                    .with("device", *device)
+                    .with(
+                        "device",
+                        self.device_gpus
+                            .get(*device as usize)
+                            .copied()
+                            .unwrap_or(*device),
+                    )
                     .with("size_bytes", *size_bytes)
                     .with("used_bytes", *used_bytes)
                     .with("limit_bytes", *limit_bytes)
@@ -249,6 +273,7 @@ mod tests {
         let path = dir.path().join("ledger");
         let mut hooks = LedgerHooks::create(
             &plan(),
+            &simulate("1x80GiB").unwrap(),
             &path,
             Some("/lib/shim.so".into()),
             Vec::new(),
