@@ -31,13 +31,23 @@
 //!              = physical total      in framework-only mode
 //! ```
 //!
+//! **Nodes and NCCL.** A replica planned on a node of a multi-node job also gets
+//! `GPUVISOR_NODE` (the node's name); a GPU replica gets the job's `[nccl]` variables (presets
+//! expanded, then `[nccl] env`). The rendezvous variables of `distributed` processes depend on
+//! the coordinator's port, chosen at start, so they come from [`rendezvous_env`], not from
+//! [`replica_env`].
+//!
 //! User `env` from the job file is applied last and wins.
+
+mod rendezvous;
+
+pub use rendezvous::{rendezvous_env, Coordinator};
 
 use serde::Serialize;
 
 use crate::plan::PlannedReplica;
 use crate::size::MIB;
-use crate::spec::{DeviceKind, Enforcement, Framework};
+use crate::spec::{DeviceKind, Enforcement, Framework, NcclPreset};
 
 /// One environment variable gpuvisor sets or removes, with the reason (shown by `plan --env`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -287,6 +297,20 @@ pub fn replica_env(enforcement: Enforcement, replica: &PlannedReplica) -> Vec<En
             why: rule.why.to_string(),
         })
         .collect();
+    if let Some(node) = &replica.node {
+        vars.push(EnvVar {
+            name: "GPUVISOR_NODE".to_string(),
+            value: Some(node.clone()),
+            why: "the node this replica runs on".to_string(),
+        });
+    }
+    for (name, value) in &replica.nccl_env {
+        vars.push(EnvVar {
+            name: name.clone(),
+            value: Some(value.clone()),
+            why: nccl_why(name, value),
+        });
+    }
     for (name, value) in &replica.user_env {
         vars.retain(|var| &var.name != name);
         vars.push(EnvVar {
@@ -296,6 +320,22 @@ pub fn replica_env(enforcement: Enforcement, replica: &PlannedReplica) -> Vec<En
         });
     }
     vars
+}
+
+/// Where an NCCL variable of a plan comes from: the preset that sets it to this value, or
+/// `[nccl] env`.
+fn nccl_why(name: &str, value: &str) -> String {
+    NcclPreset::ALL
+        .iter()
+        .find(|preset| {
+            preset
+                .vars()
+                .iter()
+                .any(|(preset_name, preset_value)| *preset_name == name && *preset_value == value)
+        })
+        .map_or("[nccl] env".to_string(), |preset| {
+            format!("[nccl] preset {}", preset.as_str())
+        })
 }
 
 /// A caveat about how far the budget of `replica` holds under `enforcement`, if there is one

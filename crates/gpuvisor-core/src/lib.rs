@@ -11,8 +11,12 @@
 //! - [`env`] turns one planned replica into the exact environment variables its framework
 //!   reads.
 //!
+//! [`cluster`] adds what a job over several nodes needs: Slurm host lists and the node
+//! layout that [`plan::plan_node`] plans one node of.
+//!
 //! [`size`] parses and prints byte sizes ("12GiB", "800MiB", "12GB").
 
+pub mod cluster;
 pub mod env;
 pub mod inventory;
 pub mod plan;

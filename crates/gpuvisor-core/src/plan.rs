@@ -49,6 +49,7 @@
 mod devices;
 mod explain;
 mod hint;
+mod node;
 mod place;
 
 use std::collections::BTreeMap;
@@ -56,8 +57,11 @@ use std::path::PathBuf;
 
 use serde::Serialize;
 
+use crate::cluster::NodeLayout;
 use crate::inventory::Inventory;
-use crate::spec::{DeviceKind, Diagnostic, Enforcement, Framework, JobSpec};
+use crate::spec::{DeviceKind, Diagnostic, Enforcement, Framework, JobSpec, NcclPreset};
+
+pub use node::merge_node_plans;
 
 /// The smallest budget a `rest` share may leave a process; below it the plan is refused.
 pub const MIN_REST_BUDGET_BYTES: u64 = 256 << 20;
@@ -75,6 +79,51 @@ pub struct Plan {
     pub replicas: Vec<PlannedReplica>,
     /// Things the user should know (foreign processes holding memory, ...).
     pub warnings: Vec<String>,
+    /// The node this plan is for; `None` on one machine and in a merged plan.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+    /// Every node of the job's step, in step order; empty on one machine.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub nodes: Vec<String>,
+    /// The job's `[nccl]` presets and the variables they come to.
+    #[serde(skip_serializing_if = "PlannedNccl::is_empty")]
+    pub nccl: PlannedNccl,
+}
+
+/// The NCCL settings of a plan: the presets asked for and the final variables (presets
+/// expanded, then `[nccl] env`), which every GPU replica gets.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct PlannedNccl {
+    /// `[nccl] presets`, in the order written.
+    pub presets: Vec<NcclPreset>,
+    /// The final variables.
+    pub env: BTreeMap<String, String>,
+}
+
+impl PlannedNccl {
+    /// Whether the job sets no NCCL variable.
+    pub fn is_empty(&self) -> bool {
+        self.presets.is_empty() && self.env.is_empty()
+    }
+}
+
+/// Where a replica of a `distributed` process stands in its rendezvous world.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RankInfo {
+    /// The world: the process's name (all its replicas over all its nodes).
+    pub world: String,
+    /// Its rank in the world: the global replica number.
+    pub rank: u32,
+    /// How many replicas the world has over all nodes.
+    pub world_size: u32,
+    /// Its rank among the world's replicas on its node.
+    pub local_rank: u32,
+    /// How many of the world's replicas run on each node (`replicas`).
+    pub local_world_size: u32,
+    /// Its node's index among the nodes hosting this world (0 on the coordinator's node).
+    pub node_rank: u32,
+    /// Index in the layout's node names of rank 0's node, where the coordinator listens.
+    pub coordinator_node: usize,
 }
 
 /// One GPU's arithmetic in a plan.
@@ -96,6 +145,9 @@ pub struct PlannedGpu {
     pub usable_bytes: u64,
     /// Sum of the footprints (budget + context overhead) of the replicas placed here.
     pub committed_bytes: u64,
+    /// The node the GPU is on; `None` on one machine.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
 }
 
 /// One replica of one process, placed.
@@ -103,10 +155,11 @@ pub struct PlannedGpu {
 pub struct PlannedReplica {
     /// The process's name.
     pub process: String,
-    /// 0-based replica number.
+    /// 0-based replica number; over several nodes, numbered job-wide (node order, then order
+    /// on the node).
     pub replica: u32,
-    /// How many replicas the process has (for `name[replica]` display: a single replica shows
-    /// as `name`).
+    /// How many replicas the process has, over all its nodes (for `name[replica]` display: a
+    /// single replica shows as `name`).
     pub replicas: u32,
     /// Its framework.
     pub framework: Framework,
@@ -128,8 +181,17 @@ pub struct PlannedReplica {
     pub cwd: Option<PathBuf>,
     /// The user's `env`, `{replica}` substituted.
     pub user_env: BTreeMap<String, String>,
-    /// Processes it waits for.
+    /// Processes it waits for (on its own node: ordering across nodes is not enforced).
     pub after: Vec<String>,
+    /// The node it runs on; `None` on one machine.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+    /// The job's NCCL variables (`[nccl]`) on GPU replicas; empty on CPU-only ones.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub nccl_env: BTreeMap<String, String>,
+    /// Its place in its rendezvous world, for replicas of `distributed` processes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rank: Option<RankInfo>,
 }
 
 /// A device as a replica sees it.
@@ -172,7 +234,27 @@ pub enum PlanError {
 }
 
 /// Places every replica of `job` on the GPUs of `inventory` and gives each a budget.
-/// Deterministic: the same input gives the same plan.
+/// Deterministic: the same input gives the same plan. The same as [`plan_node`] with
+/// [`NodeLayout::single`].
 pub fn plan(job: &JobSpec, inventory: &Inventory) -> Result<Plan, PlanError> {
-    place::plan(job, inventory)
+    plan_node(job, inventory, &NodeLayout::single())
+}
+
+/// Plans node `layout.index` of a job spread over `layout.names`, on this node's `inventory`.
+///
+/// The plan holds the processes whose `nodes` selector picks this node, `replicas` copies of
+/// each. Replica numbers are job-wide: node order, then order on the node (an actor with
+/// replicas = 2 over 3 nodes is actor[0], actor[1] on the first node, actor[2], actor[3] on the
+/// second, ...), and `replicas` is the job-wide total, so labels and `{replica}` are unique
+/// over the job. `after` entries naming processes that do not run on this node are dropped
+/// (with a warning: ordering across nodes is not enforced). A selector naming a node that the
+/// step lacks, or picking no node at all, is a [`PlanError::Spec`] at `nodes`.
+///
+/// With [`NodeLayout::single`], selectors are ignored and the plan is the one-machine plan.
+pub fn plan_node(
+    job: &JobSpec,
+    inventory: &Inventory,
+    layout: &NodeLayout,
+) -> Result<Plan, PlanError> {
+    node::plan_node(job, inventory, layout)
 }

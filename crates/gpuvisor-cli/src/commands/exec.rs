@@ -338,6 +338,9 @@ fn exec_replica(
         cwd: None,
         user_env: BTreeMap::new(),
         after: Vec::new(),
+        node: None,
+        nccl_env: BTreeMap::new(),
+        rank: None,
     }
 }
 

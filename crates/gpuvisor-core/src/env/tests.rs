@@ -28,6 +28,9 @@ fn replica(framework: Framework, device: DeviceKind, budget_bytes: u64) -> Plann
         cwd: None,
         user_env: BTreeMap::new(),
         after: Vec::new(),
+        node: None,
+        nccl_env: BTreeMap::new(),
+        rank: None,
     }
 }
 

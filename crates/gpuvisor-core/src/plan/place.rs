@@ -365,6 +365,7 @@ impl Planner<'_> {
                     foreign_bytes: room.foreign_bytes,
                     usable_bytes: room.usable_bytes,
                     committed_bytes,
+                    node: None,
                 }
             })
             .collect();
@@ -385,6 +386,9 @@ impl Planner<'_> {
             gpus,
             replicas,
             warnings: warnings(&self.rooms),
+            node: None,
+            nodes: Vec::new(),
+            nccl: Default::default(),
         }
     }
 }
@@ -395,12 +399,7 @@ fn planned_replica(
     placed: Option<&Placed>,
     rooms: &[Room],
 ) -> PlannedReplica {
-    // The spec's substitution, so `{{` stays a literal brace as the job-file docs promise.
-    let substitute = |text: &str| crate::spec::substitute_replica(text, replica);
-    let argv = match &process.command {
-        Command::Argv(args) => args.iter().map(|arg| substitute(arg)).collect(),
-        Command::Shell(script) => vec!["/bin/sh".to_string(), "-c".to_string(), substitute(script)],
-    };
+    let (argv, user_env) = substituted(process, replica);
     let gpus = placed
         .map(|placed| {
             placed
@@ -427,13 +426,31 @@ fn planned_replica(
         footprint_bytes: placed.map_or(0, |placed| placed.footprint_bytes),
         argv,
         cwd: process.cwd.clone(),
-        user_env: process
-            .env
-            .iter()
-            .map(|(name, value)| (name.clone(), substitute(value)))
-            .collect(),
+        user_env,
         after: process.after.clone(),
+        node: None,
+        nccl_env: Default::default(),
+        rank: None,
     }
+}
+
+/// The argv and user env of replica `replica` of `process`, `{replica}` substituted.
+pub(super) fn substituted(
+    process: &ProcessSpec,
+    replica: u32,
+) -> (Vec<String>, std::collections::BTreeMap<String, String>) {
+    // The spec's substitution, so `{{` stays a literal brace as the job-file docs promise.
+    let substitute = |text: &str| crate::spec::substitute_replica(text, replica);
+    let argv = match &process.command {
+        Command::Argv(args) => args.iter().map(|arg| substitute(arg)).collect(),
+        Command::Shell(script) => vec!["/bin/sh".to_string(), "-c".to_string(), substitute(script)],
+    };
+    let user_env = process
+        .env
+        .iter()
+        .map(|(name, value)| (name.clone(), substitute(value)))
+        .collect();
+    (argv, user_env)
 }
 
 /// Memory held by others below this, with no process to show for it, is the driver's own

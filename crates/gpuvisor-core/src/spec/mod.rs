@@ -6,6 +6,7 @@
 //! `after`, ...); validation against real GPUs happens in [`crate::plan`], which uses the
 //! [`Span`]s kept in the spec to point back into the file.
 
+mod cluster;
 mod diagnostic;
 mod graph;
 mod model;
@@ -17,6 +18,10 @@ mod restart;
 mod values;
 mod watch;
 
+pub use cluster::{
+    ClusterSpec, NcclPreset, NcclSpec, NodeFailurePolicy, NodeSelector, DEFAULT_CLUSTER_TIMEOUT_MS,
+    DEFAULT_NODE_RESTARTS,
+};
 pub use diagnostic::{Diagnostic, Span};
 pub use model::*;
 pub use parse::{accepted_keys, parse_job, read_job_file, DEFAULT_CONTEXT_OVERHEAD_BYTES};

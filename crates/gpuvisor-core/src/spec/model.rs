@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use serde::Serialize;
 
-use super::Span;
+use super::{ClusterSpec, NcclSpec, NodeSelector, Span};
 
 /// A whole job file, validated.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -28,6 +28,12 @@ pub struct JobSpec {
     pub sample_interval_ms: u64,
     /// `[process.NAME]` tables in file order.
     pub processes: Vec<ProcessSpec>,
+    /// The `[cluster]` table (defaults when absent): multi-node start-up and node failures.
+    #[serde(skip_serializing_if = "ClusterSpec::is_default")]
+    pub cluster: ClusterSpec,
+    /// The `[nccl]` table (empty when absent): NCCL variables for every GPU replica.
+    #[serde(skip_serializing_if = "NcclSpec::is_empty")]
+    pub nccl: NcclSpec,
 }
 
 /// How a job's budgets hold.
@@ -123,6 +129,17 @@ pub struct ProcessSpec {
     pub stop: StopSpec,
     /// Runtime policies: `on_budget_exceeded`, `on_gpu_use`, `stall_after`.
     pub watch: WatchSpec,
+    /// `nodes`: which nodes of a multi-node job run this process (default all); `replicas`
+    /// copies run on each. Ignored on one machine.
+    #[serde(skip_serializing_if = "NodeSelector::is_all")]
+    pub nodes: NodeSelector,
+    /// Where `nodes` was written (or the table, if not written).
+    #[serde(skip)]
+    pub nodes_span: Span,
+    /// `distributed`: the process's replicas over all its nodes form one rendezvous world
+    /// (ranks, world size, coordinator in their environment). Default false.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub distributed: bool,
 }
 
 /// A process's runtime policies (checked by the supervisor's sampler).

@@ -17,7 +17,7 @@ use super::{DeviceSelector, Diagnostic, Enforcement, GpuSection, JobSpec, Placem
 use crate::size::MIB;
 
 /// Keys accepted at the top level of a job file.
-const TOP_KEYS: &[&str] = &["job", "gpus", "process"];
+const TOP_KEYS: &[&str] = &["job", "gpus", "cluster", "nccl", "process"];
 /// Keys accepted in `[job]`.
 const JOB_KEYS: &[&str] = &["name", "enforce", "sample_interval"];
 /// Keys accepted in `[gpus]`.
@@ -31,11 +31,13 @@ const GPUS_KEYS: &[&str] = &[
 
 /// Every table of a job file with the keys it accepts, e.g. `("[process.NAME]", ["command", ...])`:
 /// for documentation checks and shell completion.
-pub fn accepted_keys() -> [(&'static str, &'static [&'static str]); 6] {
+pub fn accepted_keys() -> [(&'static str, &'static [&'static str]); 8] {
     [
         ("top level", TOP_KEYS),
         ("[job]", JOB_KEYS),
         ("[gpus]", GPUS_KEYS),
+        ("[cluster]", super::cluster::CLUSTER_KEYS),
+        ("[nccl]", super::cluster::NCCL_KEYS),
         ("[process.NAME]", PROCESS_KEYS),
         ("[process.NAME.restart]", super::restart::RESTART_KEYS),
         ("[process.NAME.stop]", super::restart::STOP_KEYS),
@@ -64,6 +66,8 @@ pub fn parse_job(path: &Path, source: &str) -> Result<JobSpec, Diagnostic> {
 
     let (name, enforcement, sample_interval_ms) = job_section(file, path, top.get("job"))?;
     let gpus = gpus_section(file, top.get("gpus"))?;
+    let cluster = super::cluster::cluster_section(file, top.get("cluster"))?;
+    let nccl = super::cluster::nccl_section(file, top.get("nccl"))?;
 
     let Some(process_field) = top.get("process") else {
         return Err(no_processes(path));
@@ -93,6 +97,8 @@ pub fn parse_job(path: &Path, source: &str) -> Result<JobSpec, Diagnostic> {
         gpus,
         sample_interval_ms,
         processes: parsed.into_iter().map(|parsed| parsed.spec).collect(),
+        cluster,
+        nccl,
     })
 }
 
@@ -123,6 +129,10 @@ fn check_top_level_keys(file: Source<'_>, root: &DeTable<'_>) -> Result<(), Diag
             Some("[job]")
         } else if GPUS_KEYS.contains(&key_text) {
             Some("[gpus]")
+        } else if super::cluster::CLUSTER_KEYS.contains(&key_text) {
+            Some("[cluster]")
+        } else if super::cluster::NCCL_KEYS.contains(&key_text) && key_text != "env" {
+            Some("[nccl]")
         } else if PROCESS_KEYS.contains(&key_text) {
             Some("a [process.NAME] table")
         } else {

@@ -30,6 +30,8 @@ pub(super) const PROCESS_KEYS: &[&str] = &[
     "on_budget_exceeded",
     "on_gpu_use",
     "stall_after",
+    "nodes",
+    "distributed",
 ];
 
 /// Longest process name accepted (it becomes part of file names).
@@ -198,6 +200,14 @@ pub(super) fn process(
     let restart = restart::restart(source, &table_name, table.get("restart"))?;
     let stop = restart::stop(source, &table_name, table.get("stop"))?;
     let watch = super::watch::process_watch(&table, cpu_only, children_cpu_only)?;
+    let nodes = match table.get("nodes") {
+        None => Default::default(),
+        Some(field) => super::cluster::nodes(source, &field)?,
+    };
+    let distributed = match table.get("distributed") {
+        None => false,
+        Some(field) => field.boolean()?,
+    };
 
     let spec = ProcessSpec {
         name: name.to_string(),
@@ -219,6 +229,9 @@ pub(super) fn process(
         restart,
         stop,
         watch,
+        nodes,
+        nodes_span: table.span_of("nodes"),
+        distributed,
     };
     Ok(ParsedProcess { spec, after_ranges })
 }

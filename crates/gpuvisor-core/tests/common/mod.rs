@@ -219,6 +219,9 @@ impl JobBuilder {
                 restart: RestartSpec::default(),
                 stop: StopSpec::default(),
                 watch: Default::default(),
+                nodes: Default::default(),
+                nodes_span: span,
+                distributed: false,
             });
         }
         JobSpec {
@@ -236,6 +239,8 @@ impl JobBuilder {
             },
             sample_interval_ms: 500,
             processes,
+            cluster: Default::default(),
+            nccl: Default::default(),
         }
     }
 }
