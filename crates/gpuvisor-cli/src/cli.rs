@@ -72,6 +72,12 @@ pub enum Command {
     /// Internal: the per-replica keeper `run` puts between itself and each process.
     #[command(name = "__keeper", hide = true)]
     Keeper(crate::commands::run::KeeperArgs),
+    /// Internal: the per-node agent of a multi-node run (started by `run` through srun).
+    #[command(name = "__agent", hide = true)]
+    Agent(crate::commands::run::agent::AgentArgs),
+    /// Submit a job to Slurm: write its batch script (one `gpuvisor run` that starts an agent
+    /// on every node) and hand it to sbatch. Arguments after `--` go to sbatch.
+    Submit(crate::commands::submit::SubmitArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell) to standard
     /// output.
     Completions(crate::commands::completions::CompletionsArgs),

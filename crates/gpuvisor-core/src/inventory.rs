@@ -6,7 +6,7 @@
 //! GPU. The simulator library (`gpuvisor-sim`) reads the same devices from the
 //! `GPUVISOR_SIM_GPUS` variable in the canonical form [`Inventory::sim_env_value`] writes.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::size::{parse_size, ByteSize, GIB, MIB};
 
@@ -17,7 +17,7 @@ pub const SIMULATE_ENV: &str = "GPUVISOR_SIMULATE";
 pub const SIM_GPUS_ENV: &str = "GPUVISOR_SIM_GPUS";
 
 /// All GPUs of one machine, in NVML index (PCI bus) order.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Inventory {
     /// Where the data came from.
     pub source: InventorySource,
@@ -28,7 +28,7 @@ pub struct Inventory {
 }
 
 /// Where an [`Inventory`] came from.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum InventorySource {
     /// Read from NVML.
@@ -38,7 +38,7 @@ pub enum InventorySource {
 }
 
 /// One GPU.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Gpu {
     /// NVML index.
     pub index: u32,
@@ -57,7 +57,7 @@ pub struct Gpu {
 }
 
 /// A process holding memory on a GPU.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GpuProcess {
     /// Process id (as the driver sees it; may be a host pid inside a container).
     pub pid: u32,

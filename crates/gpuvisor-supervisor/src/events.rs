@@ -98,6 +98,23 @@ impl EventLog {
     }
 }
 
+impl EventLog {
+    /// Appends a line written elsewhere (another node's event, already stamped), adding its
+    /// newline. Same guarantees as [`EventLog::write`].
+    pub fn append_line(&self, line: &str) {
+        let mut bytes = Vec::with_capacity(line.len() + 1);
+        bytes.extend_from_slice(line.as_bytes());
+        bytes.push(b'\n');
+        let mut file = self
+            .file
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner());
+        if let Err(error) = file.write_all(&bytes) {
+            eprintln!("gpuvisor: cannot write the event log: {error}");
+        }
+    }
+}
+
 /// Reads every complete event of an `events.jsonl` as JSON objects. A torn last line (the
 /// supervisor killed mid-write) is skipped.
 pub fn read_events(path: &Path) -> io::Result<Vec<Map<String, Value>>> {

@@ -18,11 +18,13 @@
 //! - [`samples`] records the snapshots, downsampled by age (`samples/` in the run directory),
 //!   and reads them back; [`stacks`] dumps a stalled replica's Python stacks (py-spy);
 //! - [`sample`] is what the sampler sees at one tick (served by `{"cmd":"sample"}`);
+//! - [`cluster`] is what crosses nodes on a multi-node run (head–agent messages, preflight);
 //! - [`supervisor`] is the event loop tying them together: [`supervisor::supervise`].
 
 pub mod cause;
 pub mod cleanup;
 pub mod clock;
+pub mod cluster;
 pub mod control;
 pub mod events;
 pub mod gpu_source;

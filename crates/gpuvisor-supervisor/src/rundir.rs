@@ -39,6 +39,7 @@ pub enum RunDirError {
 #[derive(Debug, Clone)]
 pub struct RunDir {
     path: PathBuf,
+    logs: PathBuf,
 }
 
 /// The default parent of run directories.
@@ -113,7 +114,26 @@ impl RunDir {
             .map_err(unwritable)?;
         Ok(RunDir {
             path: path.to_path_buf(),
+            logs: path.join("logs"),
         })
+    }
+
+    /// Like [`RunDir::create`], but the replicas' logs go to `logs` (created if missing): on a
+    /// multi-node run every node's agent keeps its own record in `nodes/<node>/` and writes
+    /// its logs into the job's one `logs/`, where replica labels are unique job-wide.
+    pub fn create_with_logs(path: &Path, logs: &Path) -> Result<RunDir, RunDirError> {
+        let mut run = RunDir::create(path)?;
+        DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(logs)
+            .map_err(|source| RunDirError::Unwritable {
+                path: logs.to_path_buf(),
+                source,
+            })?;
+        let _ = fs::remove_dir(path.join("logs"));
+        run.logs = logs.to_path_buf();
+        Ok(run)
     }
 
     /// The directory.
@@ -138,7 +158,7 @@ impl RunDir {
 
     /// `logs/`.
     pub fn logs_path(&self) -> PathBuf {
-        self.path.join("logs")
+        self.logs.clone()
     }
 
     /// Writes `plan.json` (owner-only).

@@ -9,6 +9,7 @@ mod plan;
 pub mod ps;
 pub mod report;
 pub mod run;
+pub mod submit;
 mod top;
 
 use std::process::ExitCode;
@@ -33,6 +34,8 @@ pub fn run(cli: Cli) -> Result<ExitCode, Failure> {
         Command::Stop(args) => ps::stop(args),
         Command::Restart(args) => ps::restart(args),
         Command::Keeper(args) => run::keeper(args),
+        Command::Agent(args) => run::agent::agent(args),
+        Command::Submit(args) => submit::submit(args),
         Command::Completions(args) => completions::completions(args),
         Command::Man(args) => completions::man(args),
     }

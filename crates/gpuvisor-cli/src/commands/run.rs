@@ -8,7 +8,9 @@ use std::process::ExitCode;
 use std::str::FromStr;
 
 use clap::Args;
-use gpuvisor_core::env::replica_env;
+use std::collections::BTreeMap;
+
+use gpuvisor_core::env::{rendezvous_env, replica_env, Coordinator};
 use gpuvisor_core::inventory::{Inventory, InventorySource, SIM_GPUS_ENV};
 use gpuvisor_core::plan::{plan, Plan, PlanError};
 use gpuvisor_core::size::ByteSize;
@@ -20,8 +22,11 @@ use gpuvisor_supervisor::supervisor::{supervise, Options, Outcome, Readiness, Re
 use nix::sys::signal::Signal;
 use regex::bytes::Regex;
 
+pub mod agent;
 mod gpu_source;
+mod head;
 mod ledger;
+mod slurm;
 mod tui;
 
 use crate::cli::InventoryArgs;
@@ -55,6 +60,10 @@ pub struct RunArgs {
     /// the job.
     #[arg(long, conflicts_with = "quiet")]
     pub tui: bool,
+    /// Inside a Slurm allocation, run on this machine only instead of starting one agent per
+    /// node through srun.
+    #[arg(long)]
+    pub local: bool,
     /// GPU source.
     #[command(flatten)]
     pub inventory: InventoryArgs,
@@ -80,6 +89,16 @@ pub fn keeper(args: KeeperArgs) -> Result<ExitCode, Failure> {
 pub fn run(args: RunArgs) -> Result<ExitCode, Failure> {
     let job = read_job_file(&args.job).map_err(Failure::bad_input)?;
     let readiness = parse_readiness(&args.ready, &job)?;
+    if !args.local {
+        if let Some(allocation) = slurm::Allocation::from_env()? {
+            if args.tui || !args.ready.is_empty() || args.metrics.is_some() {
+                return Err(Failure::bad_input(
+                    "--tui, --ready and --metrics are for runs on one machine; under Slurm use `gpuvisor top RUN` and the job file's `ready`\n  hint: or run with --local to use this machine only",
+                ));
+            }
+            return head::head(&args, job, allocation);
+        }
+    }
     if args.tui {
         tui::check_terminal()?;
     }
@@ -100,7 +119,8 @@ pub fn run(args: RunArgs) -> Result<ExitCode, Failure> {
         PlanError::Infeasible { .. } => Failure::bad_input(error),
         PlanError::Spec(diagnostic) => Failure::bad_input(diagnostic),
     })?;
-    let replicas = replica_specs(&job, &plan, &args.job, &readiness)?;
+    let coordinators = local_coordinators(&plan)?;
+    let replicas = replica_specs(&job, &plan, &args.job, &readiness, &coordinators, false)?;
     // The shim (and with --simulate the stand-in driver) are written out before anything
     // starts, so a failure here starts nothing.
     let libraries = match (plan.enforcement, args.inventory.simulate.is_some()) {
@@ -294,12 +314,43 @@ fn parse_readiness(flags: &[String], job: &JobSpec) -> Result<Vec<(String, Readi
         .collect()
 }
 
-/// One supervisor replica per planned replica, with its environment and policies.
+/// On one machine every world's coordinator is this machine, on a port free now.
+fn local_coordinators(plan: &Plan) -> Result<BTreeMap<String, Coordinator>, Failure> {
+    let mut coordinators = BTreeMap::new();
+    for replica in &plan.replicas {
+        let Some(rank) = &replica.rank else { continue };
+        if coordinators.contains_key(&rank.world) {
+            continue;
+        }
+        let port = std::net::TcpListener::bind(("127.0.0.1", 0))
+            .and_then(|listener| listener.local_addr())
+            .map_err(|error| {
+                Failure::unavailable(format!(
+                    "cannot find a free port for `{}`'s coordinator: {error}",
+                    rank.world
+                ))
+            })?
+            .port();
+        coordinators.insert(
+            rank.world.clone(),
+            Coordinator {
+                host: "127.0.0.1".to_string(),
+                port,
+            },
+        );
+    }
+    Ok(coordinators)
+}
+
+/// One supervisor replica per planned replica, with its environment (the framework's, then
+/// its world's rendezvous) and policies.
 fn replica_specs(
     job: &JobSpec,
     plan: &Plan,
     job_path: &Path,
     readiness: &[(String, Readiness)],
+    coordinators: &BTreeMap<String, Coordinator>,
+    under_slurm: bool,
 ) -> Result<Vec<ReplicaSpec>, Failure> {
     let job_dir = job_path.parent().unwrap_or(Path::new("."));
     plan.replicas
@@ -314,10 +365,20 @@ fn replica_specs(
                     process.name, process.stop.signal
                 ))
             })?;
-            let env = replica_env(plan.enforcement, replica)
-                .into_iter()
-                .map(|var| (var.name, var.value))
-                .collect();
+            let mut vars = replica_env(plan.enforcement, replica);
+            if let Some(coordinator) = replica.rank.as_ref().and_then(|rank| coordinators.get(&rank.world)) {
+                for var in rendezvous_env(replica, coordinator, under_slurm) {
+                    // The job file's own `env` still wins.
+                    if !replica.user_env.contains_key(&var.name) {
+                        vars.retain(|existing| existing.name != var.name);
+                        vars.push(var);
+                    }
+                }
+            }
+            let mut env: Vec<(String, Option<String>)> =
+                vars.into_iter().map(|var| (var.name, var.value)).collect();
+            // The agents' secret is theirs only.
+            env.push((agent::TOKEN_ENV.to_string(), None));
             let cwd = replica.cwd.as_ref().map(|cwd| {
                 if cwd.is_relative() {
                     job_dir.join(cwd)

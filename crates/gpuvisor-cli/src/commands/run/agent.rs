@@ -1,0 +1,466 @@
+//! `gpuvisor __agent`: one per node of a multi-node run, started by the head through srun.
+//! It plans its node, holds the coordinator ports of the worlds whose rank 0 it hosts, probes
+//! every coordinator, and then supervises its node's share exactly as `gpuvisor run` does on
+//! one machine, with its record in `nodes/<node>/` and its logs in the job's `logs/`. A link
+//! thread forwards its events and its `ps` to the head and the head's control requests to
+//! its own control socket; losing the head stops the node's processes.
+
+use std::collections::BTreeMap;
+use std::io;
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use gpuvisor_core::cluster::NodeLayout;
+use gpuvisor_core::env::Coordinator;
+use gpuvisor_core::plan::{plan_node, Plan, PlanError};
+use gpuvisor_core::spec::{parse_job, Enforcement, JobSpec};
+use gpuvisor_supervisor::cluster::probe::{probe, ProbeListener};
+use gpuvisor_supervisor::cluster::wire::{self, AgentMsg, HeadMsg, ProbeResult, ProbeTarget};
+use gpuvisor_supervisor::control::{self, PsRow, Request};
+use gpuvisor_supervisor::rundir::RunDir;
+use gpuvisor_supervisor::supervisor::{supervise, Options};
+use nix::sys::signal::{SigSet, Signal};
+
+use super::{gpu_source, make_hooks, replica_specs};
+use crate::failure::Failure;
+use crate::inventory::load_inventory;
+use crate::shim;
+
+/// The variable that carries the head's secret to the agents (never to the job's processes).
+pub const TOKEN_ENV: &str = "GPUVISOR_AGENT_TOKEN";
+
+/// Arguments of `gpuvisor __agent`.
+#[derive(Debug, Args)]
+pub struct AgentArgs {
+    /// The head's address, HOST:PORT.
+    #[arg(long)]
+    pub head: String,
+}
+
+/// The node's name: Slurm's, else the host's.
+fn node_name() -> String {
+    std::env::var("SLURMD_NODENAME")
+        .ok()
+        .filter(|name| !name.is_empty())
+        .or_else(|| {
+            std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .ok()
+                .map(|name| name.trim().to_string())
+                .filter(|name| !name.is_empty())
+        })
+        .unwrap_or_else(|| "localhost".to_string())
+}
+
+/// Connects to the head, retrying for a few seconds (srun may start us before it listens).
+fn connect(head: &str) -> io::Result<TcpStream> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match TcpStream::connect(head) {
+            Ok(stream) => return Ok(stream),
+            Err(error) if Instant::now() >= deadline => return Err(error),
+            Err(_) => std::thread::sleep(Duration::from_millis(200)),
+        }
+    }
+}
+
+/// Runs the agent to the end of its node's share.
+pub fn agent(args: AgentArgs) -> Result<ExitCode, Failure> {
+    // Signals go to the supervisor's signal thread: block them before any thread exists.
+    let mut signals = SigSet::empty();
+    for signal in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
+        signals.add(signal);
+    }
+    signals
+        .thread_block()
+        .map_err(Failure::unavailable)?;
+    let token = std::env::var(TOKEN_ENV).unwrap_or_default();
+    let node = node_name();
+    let stream = connect(&args.head).map_err(|error| {
+        Failure::unavailable(format!(
+            "agent on {node}: cannot reach the head at {}: {error}",
+            args.head
+        ))
+    })?;
+    let (sender, mut receiver) = wire::split(stream)?;
+    let sender = Arc::new(Mutex::new(sender));
+    let send = |message: &AgentMsg| -> io::Result<()> {
+        sender
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner())
+            .send(message)
+    };
+    send(&AgentMsg::Hello {
+        token,
+        node: node.clone(),
+        pid: std::process::id(),
+    })?;
+    let Some(HeadMsg::Assign {
+        job_path,
+        job_source,
+        nodes,
+        index,
+        record,
+        logs,
+        simulate,
+        quiet,
+    }) = receiver.recv::<HeadMsg>()?
+    else {
+        // The head went away or refused us; it says why on its side.
+        return Ok(ExitCode::from(1));
+    };
+    let mut prepared = match prepare(&job_path, &job_source, &nodes, index, simulate.as_deref()) {
+        Ok(prepared) => prepared,
+        Err(failure) => {
+            let (message, bad_input) = match &failure {
+                Failure::BadInput(message) => (message.clone(), true),
+                Failure::Unavailable(message) => (message.clone(), false),
+            };
+            send(&AgentMsg::Failed { message, bad_input })?;
+            return Ok(ExitCode::from(if bad_input { 2 } else { 1 }));
+        }
+    };
+    let inventory = serde_json::to_value(&prepared.inventory).map_err(Failure::unavailable)?;
+    send(&AgentMsg::Planned {
+        inventory,
+        ports: prepared
+            .listeners
+            .iter()
+            .map(|(world, listener)| (world.clone(), listener.port()))
+            .collect(),
+    })?;
+    let coordinators = loop {
+        match receiver.recv::<HeadMsg>()? {
+            Some(HeadMsg::Probe {
+                targets,
+                timeout_ms,
+            }) => {
+                let results = probe_all(&targets, Duration::from_millis(timeout_ms));
+                send(&AgentMsg::Probed { results })?;
+            }
+            Some(HeadMsg::Start { coordinators }) => break coordinators,
+            Some(HeadMsg::Abort { reason }) => {
+                eprintln!("gpuvisor: agent on {node}: not starting: {reason}");
+                return Ok(ExitCode::from(1));
+            }
+            Some(_) => {}
+            None => return Ok(ExitCode::from(1)),
+        }
+    };
+    // Free the ports for the coordinators themselves.
+    for (_, listener) in std::mem::take(&mut prepared.listeners) {
+        listener.close();
+    }
+    let coordinators: BTreeMap<String, Coordinator> = coordinators
+        .into_iter()
+        .map(|(world, target)| {
+            (
+                world,
+                Coordinator {
+                    host: target.host,
+                    port: target.port,
+                },
+            )
+        })
+        .collect();
+    let outcome = run_share(
+        &prepared,
+        &job_path,
+        &record,
+        &logs,
+        &coordinators,
+        quiet,
+        simulate.is_some(),
+        &sender,
+        receiver,
+    );
+    match outcome {
+        Ok((status, rows)) => {
+            send(&AgentMsg::Done {
+                status,
+                rows: rows.iter().map(Into::into).collect(),
+            })?;
+            sender
+                .lock()
+                .unwrap_or_else(|poison| poison.into_inner())
+                .shutdown();
+            Ok(ExitCode::from(status))
+        }
+        Err(failure) => {
+            let (message, bad_input) = match &failure {
+                Failure::BadInput(message) => (message.clone(), true),
+                Failure::Unavailable(message) => (message.clone(), false),
+            };
+            let _ = send(&AgentMsg::Failed { message, bad_input });
+            Err(failure)
+        }
+    }
+}
+
+/// A planned node, with the coordinator ports it holds.
+struct Prepared {
+    job: JobSpec,
+    plan: Plan,
+    inventory: gpuvisor_core::inventory::Inventory,
+    listeners: Vec<(String, ProbeListener)>,
+}
+
+fn prepare(
+    job_path: &Path,
+    source: &str,
+    nodes: &[String],
+    index: usize,
+    simulate: Option<&str>,
+) -> Result<Prepared, Failure> {
+    let job = parse_job(job_path, source).map_err(Failure::bad_input)?;
+    let inventory = load_inventory(simulate)?;
+    let layout = NodeLayout {
+        names: nodes.to_vec(),
+        index,
+    };
+    let plan = plan_node(&job, &inventory, &layout).map_err(|error| match error {
+        PlanError::Infeasible { .. } => Failure::bad_input(error),
+        PlanError::Spec(diagnostic) => Failure::bad_input(diagnostic),
+    })?;
+    let mut listeners = Vec::new();
+    for replica in &plan.replicas {
+        let Some(rank) = &replica.rank else { continue };
+        if rank.rank == 0 && !listeners.iter().any(|(world, _)| world == &rank.world) {
+            let listener = ProbeListener::bind(&rank.world).map_err(|error| {
+                Failure::unavailable(format!(
+                    "cannot hold a port for the coordinator of `{}`: {error}",
+                    rank.world
+                ))
+            })?;
+            listeners.push((rank.world.clone(), listener));
+        }
+    }
+    Ok(Prepared {
+        job,
+        plan,
+        inventory,
+        listeners,
+    })
+}
+
+/// Probes every target at once (each within `timeout`).
+fn probe_all(targets: &[ProbeTarget], timeout: Duration) -> Vec<ProbeResult> {
+    let threads: Vec<_> = targets
+        .iter()
+        .cloned()
+        .map(|target| {
+            std::thread::spawn(move || {
+                let result = probe(&target.host, target.port, &target.world, timeout);
+                ProbeResult {
+                    target,
+                    ms: result.as_ref().ok().map(|took| took.as_millis() as u64),
+                    error: result.err(),
+                }
+            })
+        })
+        .collect();
+    threads
+        .into_iter()
+        .map(|thread| thread.join().expect("a probe thread does not panic"))
+        .collect()
+}
+
+type SharedSender = Arc<Mutex<wire::Sender>>;
+
+/// Supervises the node's share; returns its status and summary rows.
+#[allow(clippy::too_many_arguments)]
+fn run_share(
+    prepared: &Prepared,
+    job_path: &Path,
+    record: &Path,
+    logs: &Path,
+    coordinators: &BTreeMap<String, Coordinator>,
+    quiet: bool,
+    with_simulator: bool,
+    sender: &SharedSender,
+    receiver: wire::Receiver,
+) -> Result<(u8, Vec<gpuvisor_supervisor::supervisor::SummaryRow>), Failure> {
+    let job = &prepared.job;
+    let plan = &prepared.plan;
+    let replicas = replica_specs(job, plan, job_path, &[], coordinators, true)?;
+    let libraries = match (plan.enforcement, with_simulator) {
+        (Enforcement::Framework, false) => None,
+        (_, with_simulator) => Some(shim::install(with_simulator)?),
+    };
+    let run_dir = RunDir::create_with_logs(record, logs).map_err(Failure::unavailable)?;
+    let plan_json = serde_json::to_string_pretty(plan).map_err(Failure::unavailable)?;
+    run_dir.write_plan(&plan_json)?;
+    let keeper = std::env::current_exe()?;
+    let mut options = Options::new(&job.name, Some(vec![keeper.into(), "__keeper".into()]));
+    options.terminal = !quiet;
+    options.sampler_interval = Duration::from_millis(job.sample_interval_ms);
+    options.watch = gpu_source::watch_config(job, plan);
+    let (ledger_hooks, sim_state) =
+        make_hooks(&job.name, plan, libraries.as_ref(), &prepared.inventory)?;
+    let mut hooks = gpu_source::WithSource {
+        inner: ledger_hooks,
+        source: Some(gpu_source::gpu_source(sim_state, &prepared.inventory)),
+    };
+    let done = Arc::new(AtomicBool::new(false));
+    let socket = run_dir.socket_path();
+    let head_link = {
+        let socket = socket.clone();
+        std::thread::Builder::new()
+            .name("gpuvisor-head-in".into())
+            .spawn(move || from_head(receiver, &socket))?
+    };
+    let forwarder = {
+        let done = Arc::clone(&done);
+        let sender = Arc::clone(sender);
+        let events = run_dir.events_path();
+        std::thread::Builder::new()
+            .name("gpuvisor-head-out".into())
+            .spawn(move || to_head(&events, &socket, &sender, &done))?
+    };
+    let outcome = supervise(replicas, &run_dir, options, &mut hooks);
+    done.store(true, Ordering::Relaxed);
+    let _ = forwarder.join();
+    drop(head_link); // it ends when the head closes the connection
+    let outcome = outcome?;
+    Ok((outcome.status, outcome.rows))
+}
+
+/// Head -> node: control requests go to the node's own control socket; when the head is
+/// gone, the node's share stops.
+fn from_head(mut receiver: wire::Receiver, socket: &Path) {
+    loop {
+        match receiver.recv::<HeadMsg>() {
+            Ok(Some(HeadMsg::Control { request })) => {
+                let _ = request_when_up(socket, &request);
+            }
+            Ok(Some(HeadMsg::Abort { .. })) | Ok(None) | Err(_) => {
+                let _ = request_when_up(socket, &Request::Stop { process: None });
+                return;
+            }
+            Ok(Some(_)) => {}
+        }
+    }
+}
+
+/// A control request, waiting (up to 10 s) for the supervisor's socket to exist.
+fn request_when_up(socket: &Path, request: &Request) -> io::Result<serde_json::Value> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match control::request(socket, request) {
+            Ok(reply) => return Ok(reply),
+            Err(error) if Instant::now() >= deadline => return Err(error),
+            Err(_) => std::thread::sleep(Duration::from_millis(100)),
+        }
+    }
+}
+
+/// Node -> head: every new line of the node's events.jsonl as it is written, and every
+/// second the node's `ps` (which is also the heartbeat) and latest sample.
+fn to_head(events: &Path, socket: &Path, sender: &SharedSender, done: &AtomicBool) {
+    let mut tail = EventTail::new(events.to_path_buf());
+    let mut last_status = Instant::now() - Duration::from_secs(10);
+    loop {
+        let finished = done.load(Ordering::Relaxed);
+        let mut messages: Vec<AgentMsg> = tail
+            .new_lines()
+            .into_iter()
+            .map(|line| AgentMsg::Event { line })
+            .collect();
+        if last_status.elapsed() >= Duration::from_secs(1) && !finished {
+            last_status = Instant::now();
+            if let Ok(reply) = control::request(socket, &Request::Ps) {
+                let rows: Vec<PsRow> = reply
+                    .get("replicas")
+                    .and_then(|rows| serde_json::from_value(rows.clone()).ok())
+                    .unwrap_or_default();
+                messages.push(AgentMsg::Ps { rows });
+            } else {
+                messages.push(AgentMsg::Ps { rows: Vec::new() });
+            }
+            if let Ok(reply) = control::request(socket, &Request::Sample) {
+                if let Some(sample) = reply.get("sample").filter(|sample| !sample.is_null()) {
+                    messages.push(AgentMsg::Sample {
+                        sample: sample.clone(),
+                    });
+                }
+            }
+        }
+        if !messages.is_empty() {
+            let mut sender = sender.lock().unwrap_or_else(|poison| poison.into_inner());
+            for message in &messages {
+                if sender.send(message).is_err() {
+                    return;
+                }
+            }
+        }
+        if finished {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Reads the complete lines appended to a file since the last call.
+struct EventTail {
+    path: PathBuf,
+    offset: u64,
+    partial: Vec<u8>,
+}
+
+impl EventTail {
+    fn new(path: PathBuf) -> Self {
+        EventTail {
+            path,
+            offset: 0,
+            partial: Vec::new(),
+        }
+    }
+
+    fn new_lines(&mut self) -> Vec<String> {
+        use std::io::{Read, Seek, SeekFrom};
+        let Ok(mut file) = std::fs::File::open(&self.path) else {
+            return Vec::new();
+        };
+        if file.seek(SeekFrom::Start(self.offset)).is_err() {
+            return Vec::new();
+        }
+        let mut bytes = Vec::new();
+        let Ok(read) = file.read_to_end(&mut bytes) else {
+            return Vec::new();
+        };
+        self.offset += read as u64;
+        self.partial.extend_from_slice(&bytes);
+        let mut lines = Vec::new();
+        while let Some(end) = self.partial.iter().position(|&byte| byte == b'\n') {
+            let line: Vec<u8> = self.partial.drain(..=end).collect();
+            lines.push(String::from_utf8_lossy(&line[..line.len() - 1]).into_owned());
+        }
+        lines
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_tail_gives_each_complete_line_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("events.jsonl");
+        let mut tail = EventTail::new(path.clone());
+        assert!(tail.new_lines().is_empty(), "no file yet");
+        std::fs::write(&path, "{\"a\":1}\n{\"b\":").unwrap();
+        assert_eq!(tail.new_lines(), vec!["{\"a\":1}".to_string()]);
+        let mut file = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .unwrap();
+        io::Write::write_all(&mut file, b"2}\n").unwrap();
+        assert_eq!(tail.new_lines(), vec!["{\"b\":2}".to_string()]);
+        assert!(tail.new_lines().is_empty());
+    }
+}
