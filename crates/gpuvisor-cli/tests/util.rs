@@ -27,11 +27,16 @@ impl From<Output> for Run {
     }
 }
 
-/// A `gpuvisor` command with a clean environment: no inherited GPUVISOR_*/CUDA_* settings.
+/// A `gpuvisor` command with a clean environment: no inherited GPUVISOR_*/CUDA_*/SLURM* settings
+/// (a test run inside a Slurm job is still a run on one machine).
 pub fn gpuvisor() -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_gpuvisor"));
     for (name, _) in std::env::vars() {
-        if name.starts_with("GPUVISOR_") || name.starts_with("CUDA_") || name == "LD_PRELOAD" {
+        if name.starts_with("GPUVISOR_")
+            || name.starts_with("CUDA_")
+            || name.starts_with("SLURM")
+            || name == "LD_PRELOAD"
+        {
             command.env_remove(name);
         }
     }

@@ -102,19 +102,7 @@ pub fn run(args: RunArgs) -> Result<ExitCode, Failure> {
     if args.tui {
         tui::check_terminal()?;
     }
-    let cpu_only_job = job
-        .processes
-        .iter()
-        .all(|process| process.device == DeviceKind::Cpu);
-    let inventory = match load_inventory(args.inventory.simulate.as_deref()) {
-        // A job of CPU-only processes needs no GPU, nor a driver to list them.
-        Err(_) if cpu_only_job && args.inventory.simulate.is_none() => Inventory {
-            source: InventorySource::Nvml,
-            driver_version: None,
-            gpus: Vec::new(),
-        },
-        result => result?,
-    };
+    let inventory = job_inventory(&job, args.inventory.simulate.as_deref())?;
     let plan = plan(&job, &inventory).map_err(|error| match error {
         PlanError::Infeasible { .. } => Failure::bad_input(error),
         PlanError::Spec(diagnostic) => Failure::bad_input(diagnostic),
@@ -168,6 +156,23 @@ pub fn run(args: RunArgs) -> Result<ExitCode, Failure> {
     let outcome = outcome?;
     eprint!("{}", render_summary(&outcome));
     Ok(ExitCode::from(outcome.status))
+}
+
+/// The GPUs the job is planned on: simulated, or NVML's; a job of CPU-only processes needs
+/// no GPU, nor a driver to list them.
+fn job_inventory(job: &JobSpec, simulate: Option<&str>) -> Result<Inventory, Failure> {
+    let cpu_only_job = job
+        .processes
+        .iter()
+        .all(|process| process.device == DeviceKind::Cpu);
+    match load_inventory(simulate) {
+        Err(_) if cpu_only_job && simulate.is_none() => Ok(Inventory {
+            source: InventorySource::Nvml,
+            driver_version: None,
+            gpus: Vec::new(),
+        }),
+        result => result,
+    }
 }
 
 /// The ledger (with `enforce = "shim"`) and the environment every replica gets from it and

@@ -28,7 +28,6 @@ use nix::sys::signal::{SigSet, Signal};
 
 use super::{gpu_source, make_hooks, replica_specs};
 use crate::failure::Failure;
-use crate::inventory::load_inventory;
 use crate::shim;
 
 /// The variable that carries the head's secret to the agents (never to the job's processes).
@@ -217,7 +216,7 @@ fn prepare(
     simulate: Option<&str>,
 ) -> Result<Prepared, Failure> {
     let job = parse_job(job_path, source).map_err(Failure::bad_input)?;
-    let inventory = load_inventory(simulate)?;
+    let inventory = super::job_inventory(&job, simulate)?;
     let layout = NodeLayout {
         names: nodes.to_vec(),
         index,
@@ -371,15 +370,17 @@ fn to_head(events: &Path, socket: &Path, sender: &SharedSender, done: &AtomicBoo
             .map(|line| AgentMsg::Event { line })
             .collect();
         if last_status.elapsed() >= Duration::from_secs(1) && !finished {
-            last_status = Instant::now();
             if let Ok(reply) = control::request(socket, &Request::Ps) {
                 let rows: Vec<PsRow> = reply
                     .get("replicas")
                     .and_then(|rows| serde_json::from_value(rows.clone()).ok())
                     .unwrap_or_default();
                 messages.push(AgentMsg::Ps { rows });
-            } else {
+                last_status = Instant::now();
+            } else if last_status.elapsed() >= Duration::from_secs(2) {
+                // Not up yet: an empty row set is still a heartbeat; retried next tick.
                 messages.push(AgentMsg::Ps { rows: Vec::new() });
+                last_status = Instant::now() - Duration::from_millis(900);
             }
             if let Ok(reply) = control::request(socket, &Request::Sample) {
                 if let Some(sample) = reply.get("sample").filter(|sample| !sample.is_null()) {

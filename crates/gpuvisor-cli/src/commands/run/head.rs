@@ -41,7 +41,9 @@ struct Agent {
 
 /// What the head's loop waits for.
 enum Input {
-    FromAgent(usize, Option<AgentMsg>),
+    /// Round, agent index, message (None: its connection closed). A round's late messages
+    /// (a closed connection after its `done`) must not count against the next round.
+    FromAgent(u32, usize, Option<AgentMsg>),
     Control(control::Incoming),
     Signal(Signal),
 }
@@ -142,6 +144,7 @@ pub fn head(args: &RunArgs, job: JobSpec, allocation: Allocation) -> Result<Exit
         head: &head,
         plan_written: false,
         plans: Vec::new(),
+        round: 0,
         sample_writer: SampleWriter::create(&run_path.join("samples")).ok(),
     };
     let mut round = 0u32;
@@ -150,6 +153,7 @@ pub fn head(args: &RunArgs, job: JobSpec, allocation: Allocation) -> Result<Exit
         let mut srun = srun_command(&srun, nodes.len(), &gpuvisor, &head, &token, &[])
             .spawn()
             .map_err(|error| Failure::unavailable(format!("cannot start srun: {error}")))?;
+        context.round = round;
         let agents = match context.start_round(round, &token, &mut srun) {
             Ok(agents) => agents,
             Err(failure) => {
@@ -240,6 +244,8 @@ struct Context<'a> {
     head: &'a str,
     plan_written: bool,
     plans: Vec<Plan>,
+    /// The current round (0, then 1 after the first restart...).
+    round: u32,
     /// The job's `samples/`: the nodes' snapshots merged, once every node has sent one.
     sample_writer: Option<SampleWriter>,
 }
@@ -519,10 +525,11 @@ impl Context<'_> {
                 continue;
             };
             let inputs = inputs.clone();
+            let round = self.round;
             std::thread::spawn(move || loop {
                 let message = from.recv::<AgentMsg>().ok().flatten();
                 let end = message.is_none();
-                if inputs.send(Input::FromAgent(index, message)).is_err() || end {
+                if inputs.send(Input::FromAgent(round, index, message)).is_err() || end {
                     return;
                 }
             });
@@ -549,7 +556,8 @@ impl Context<'_> {
             };
             let mut failed_node = None;
             match input {
-                Some(Input::FromAgent(index, Some(message))) => {
+                Some(Input::FromAgent(round, _, _)) if round != self.round => {}
+                Some(Input::FromAgent(_, index, Some(message))) => {
                     last_seen[index] = Instant::now();
                     match message {
                         AgentMsg::Event { line } => self
@@ -591,7 +599,7 @@ impl Context<'_> {
                         _ => {}
                     }
                 }
-                Some(Input::FromAgent(index, None)) if !over[index] => {
+                Some(Input::FromAgent(_, index, None)) if !over[index] => {
                     over[index] = true;
                     failed_node = Some((
                         index,
@@ -601,7 +609,7 @@ impl Context<'_> {
                         ),
                     ));
                 }
-                Some(Input::FromAgent(_, None)) => {}
+                Some(Input::FromAgent(_, _, None)) => {}
                 Some(Input::Control((request, reply))) => {
                     let answer = self.control(&request, &mut agents, &ps, &samples, &over);
                     if matches!(request, Request::Stop { process: None }) {

@@ -1,0 +1,332 @@
+//! Multi-node runs without a cluster: `gpuvisor run` in a (pretend) Slurm allocation, with a
+//! stand-in srun (fixtures/fake-srun) that starts one agent per node on this machine, the
+//! nodes being loopback addresses. Covers the head–agent protocol, rendezvous variables, the
+//! preflight, the merged record and node faults; tests/slurm.rs does the same on a real Slurm.
+
+mod util;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+/// `gpuvisor run JOB` as if inside allocation `nodes` (comma-separated).
+fn in_allocation(nodes: &str, bin: &Path) -> Command {
+    let mut command = util::gpuvisor();
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    command
+        .env("PATH", path)
+        .env("SLURM_JOB_ID", "4242")
+        .env("SLURM_JOB_NODELIST", nodes)
+        .env("GPUVISOR_HEAD_ADDRESS", "127.0.0.1");
+    command
+}
+
+/// A directory with `srun` (the stand-in) in it.
+fn fake_srun_dir(dir: &Path) -> PathBuf {
+    let bin = dir.join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    std::fs::copy(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/fake-srun"),
+        bin.join("srun"),
+    )
+    .unwrap();
+    bin
+}
+
+fn events(run: &Path) -> Vec<Value> {
+    std::fs::read_to_string(run.join("events.jsonl"))
+        .unwrap()
+        .lines()
+        .filter_map(|line| serde_json::from_str(line).ok())
+        .collect()
+}
+
+fn kinds(events: &[Value]) -> Vec<String> {
+    events
+        .iter()
+        .map(|event| event["kind"].as_str().unwrap_or_default().to_string())
+        .collect()
+}
+
+const THREE: &str = "127.0.0.1,127.0.0.2,127.0.0.3";
+
+#[test]
+fn three_nodes_get_their_share_ranks_and_one_record() {
+    let dir = tempfile::tempdir().unwrap();
+    let bin = fake_srun_dir(dir.path());
+    let job = dir.path().join("job.toml");
+    std::fs::write(
+        &job,
+        r#"
+[job]
+name = "three"
+
+[cluster]
+preflight_timeout = "10s"
+
+[nccl]
+presets = ["debug"]
+
+[process.learner]
+command = ["sh", "-c", "env | grep -E '^(GPUVISOR_|JAX_|SLURM_PROCID|SLURM_NTASKS|NCCL_DEBUG)' | sort > env.$GPUVISOR_RANK"]
+framework = "jax"
+memory = "2GiB"
+distributed = true
+
+[process.trainer]
+command = ["sh", "-c", "env | grep -E '^(RANK|LOCAL_RANK|WORLD_SIZE|MASTER_ADDR|MASTER_PORT|GROUP_RANK)=' | sort > torch.{replica}"]
+framework = "torch"
+memory = "2GiB"
+replicas = 2
+nodes = "rest"
+distributed = true
+
+[process.actor]
+command = ["sh", "-c", "echo actor {replica} on $GPUVISOR_NODE"]
+replicas = 2
+nodes = [2]
+memory = "1GiB"
+"#,
+    )
+    .unwrap();
+    let run = dir.path().join("run");
+    let output = in_allocation(THREE, &bin)
+        .args(["run", job.to_str().unwrap(), "--simulate", "1x24GiB", "--run-dir"])
+        .arg(&run)
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    assert!(stderr.contains("on 3 nodes (127.0.0.1, 127.0.0.2, 127.0.0.3)"), "{stderr}");
+    assert!(stderr.contains("preflight"), "{stderr}");
+
+    // JAX world: one process per node, ranks 0..3, coordinator on the first node.
+    for rank in 0..3 {
+        let env = std::fs::read_to_string(dir.path().join(format!("env.{rank}"))).unwrap();
+        assert!(env.contains(&format!("JAX_PROCESS_ID={rank}\n")), "{env}");
+        assert!(env.contains("JAX_NUM_PROCESSES=3\n"), "{env}");
+        assert!(env.contains("JAX_COORDINATOR_ADDRESS=127.0.0.1:"), "{env}");
+        // Slurm's per-task ids are rewritten to the process's own, for jax's auto-detection.
+        assert!(env.contains(&format!("SLURM_PROCID={rank}\n")), "{env}");
+        assert!(env.contains("SLURM_NTASKS=3\n"), "{env}");
+        assert!(env.contains("NCCL_DEBUG=INFO\n"), "{env}");
+        assert!(env.contains(&format!("GPUVISOR_NODE=127.0.0.{}\n", rank + 1)), "{env}");
+    }
+    // torch world on nodes 1 and 2, two per node: ranks 0..4, master on 127.0.0.2.
+    let mut masters = Vec::new();
+    for rank in 0..4 {
+        let env = std::fs::read_to_string(dir.path().join(format!("torch.{rank}"))).unwrap();
+        assert!(env.contains(&format!("RANK={rank}\n")), "{env}");
+        assert!(env.contains(&format!("LOCAL_RANK={}\n", rank % 2)), "{env}");
+        assert!(env.contains(&format!("GROUP_RANK={}\n", rank / 2)), "{env}");
+        assert!(env.contains("WORLD_SIZE=4\n"), "{env}");
+        assert!(env.contains("MASTER_ADDR=127.0.0.2\n"), "{env}");
+        masters.push(
+            env.lines()
+                .find(|line| line.starts_with("MASTER_PORT="))
+                .unwrap()
+                .to_string(),
+        );
+    }
+    masters.dedup();
+    assert_eq!(masters.len(), 1, "one master port: {masters:?}");
+
+    // One record: the merged plan, every node's events with its node, every log.
+    let plan: Value =
+        serde_json::from_str(&std::fs::read_to_string(run.join("plan.json")).unwrap()).unwrap();
+    assert_eq!(plan["nodes"].as_array().unwrap().len(), 3);
+    assert_eq!(plan["replicas"].as_array().unwrap().len(), 3 + 4 + 2);
+    let events = events(&run);
+    let kinds = kinds(&events);
+    assert_eq!(kinds.first().map(String::as_str), Some("job-start"));
+    assert_eq!(kinds.last().map(String::as_str), Some("job-end"));
+    assert!(kinds.contains(&"preflight".to_string()), "{kinds:?}");
+    let starts: Vec<&Value> = events.iter().filter(|e| e["kind"] == "start").collect();
+    assert_eq!(starts.len(), 9);
+    assert!(starts.iter().all(|event| event["node"].is_string()));
+    let actor_nodes: Vec<&str> = starts
+        .iter()
+        .filter(|event| event["process"].as_str().unwrap().starts_with("actor"))
+        .map(|event| event["node"].as_str().unwrap())
+        .collect();
+    assert_eq!(actor_nodes, ["127.0.0.3", "127.0.0.3"]);
+    for log in ["learner.0", "learner.2", "trainer.3", "actor.0", "actor.1"] {
+        assert!(run.join("logs").join(format!("{log}.log")).is_file(), "{log}");
+    }
+    let log = std::fs::read_to_string(run.join("logs/actor.1.log")).unwrap();
+    assert!(log.contains("actor 1 on 127.0.0.3"), "{log}");
+    // `ps` on the finished run reads the merged record: every replica of every node.
+    let ps = util::gpuvisor().arg("ps").arg(&run).output().unwrap();
+    let table = String::from_utf8_lossy(&ps.stdout);
+    for label in ["learner[2]", "trainer[3]", "actor[1]"] {
+        assert!(table.contains(label), "{table}");
+    }
+}
+
+#[test]
+fn an_unreachable_coordinator_stops_the_job_before_anything_starts() {
+    let dir = tempfile::tempdir().unwrap();
+    let bin = fake_srun_dir(dir.path());
+    let job = dir.path().join("job.toml");
+    std::fs::write(
+        &job,
+        r#"
+[cluster]
+preflight_timeout = "2s"
+
+[process.learner]
+command = ["touch", "started"]
+framework = "jax"
+device = "cpu"
+distributed = true
+"#,
+    )
+    .unwrap();
+    let run = dir.path().join("run");
+    // The first node's name does not resolve, so no node can reach the coordinator there.
+    let started = Instant::now();
+    let output = in_allocation("unresolvable.invalid,127.0.0.2", &bin)
+        .args(["run", job.to_str().unwrap(), "--run-dir"])
+        .arg(&run)
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(started.elapsed() < Duration::from_secs(20), "{stderr}");
+    assert!(stderr.contains("preflight failed: 2 unreachable node-coordinator pairs"), "{stderr}");
+    assert!(
+        stderr.contains("127.0.0.2 cannot reach learner's coordinator at unresolvable.invalid:"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("cannot resolve unresolvable.invalid"), "{stderr}");
+    assert!(stderr.contains("hint: "), "{stderr}");
+    assert!(!dir.path().join("started").exists(), "nothing started");
+    let events = events(&run);
+    let kinds = kinds(&events);
+    assert!(kinds.contains(&"preflight-failed".to_string()), "{kinds:?}");
+    assert!(!kinds.contains(&"start".to_string()), "{kinds:?}");
+    let failed = events.iter().find(|e| e["kind"] == "preflight-failed").unwrap();
+    assert_eq!(failed["unreachable"].as_array().unwrap().len(), 2);
+}
+
+/// Starts a long job on three nodes; returns the child and the run directory once every
+/// replica runs.
+fn start_long(dir: &Path, cluster: &str) -> (Child, PathBuf) {
+    let bin = fake_srun_dir(dir);
+    let job = dir.join("job.toml");
+    std::fs::write(
+        &job,
+        format!(
+            r#"
+[cluster]
+{cluster}
+
+[process.worker]
+command = ["sh", "-c", "echo up; if [ -e stop-now ]; then exit 0; fi; exec sleep 60"]
+device = "cpu"
+"#
+        ),
+    )
+    .unwrap();
+    let run = dir.join("run");
+    let child = in_allocation(THREE, &bin)
+        .args(["run", job.to_str().unwrap(), "--quiet", "--run-dir"])
+        .arg(&run)
+        .current_dir(dir)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let text = std::fs::read_to_string(run.join("events.jsonl")).unwrap_or_default();
+        if text.matches("\"kind\":\"start\"").count() >= 3 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the job did not start: {text}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    (child, run)
+}
+
+/// The pid of the agent serving `node`.
+fn agent_pid(run: &Path, node: &str) -> i32 {
+    let events = events(run);
+    let joined = events.iter().rev().find(|e| e["kind"] == "nodes-joined").unwrap();
+    joined["agents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|agent| agent["node"] == node)
+        .unwrap()["pid"]
+        .as_i64()
+        .unwrap() as i32
+}
+
+fn wait_output(child: Child) -> (Option<i32>, String) {
+    let output = child.wait_with_output().unwrap();
+    (
+        output.status.code(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn a_killed_node_agent_is_reported_and_stops_the_job() {
+    let dir = tempfile::tempdir().unwrap();
+    let (child, run) = start_long(dir.path(), "");
+    let pid = agent_pid(&run, "127.0.0.2");
+    // SAFETY-free: kill(1) as a command keeps this test crate free of unsafe code.
+    Command::new("kill").args(["-9", &pid.to_string()]).status().unwrap();
+    let (code, stderr) = wait_output(child);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.contains("node 127.0.0.2"), "{stderr}");
+    assert!(stderr.contains("is gone"), "{stderr}");
+    assert!(stderr.contains("lost with node 127.0.0.2"), "{stderr}");
+    let events = events(&run);
+    let lost = events.iter().find(|e| e["kind"] == "node-lost").unwrap();
+    assert_eq!(lost["node"], "127.0.0.2");
+    // The other nodes' workers were stopped, not left behind.
+    let ends = events.iter().filter(|e| e["kind"] == "node-end").count();
+    assert_eq!(ends, 2, "{events:?}");
+}
+
+#[test]
+fn with_restart_a_lost_node_restarts_the_job_on_every_node() {
+    let dir = tempfile::tempdir().unwrap();
+    let (child, run) = start_long(dir.path(), "on_node_failure = \"restart\"\nnode_restarts = 1");
+    // The second round's workers end at once.
+    std::fs::write(dir.path().join("stop-now"), "").unwrap();
+    let pid = agent_pid(&run, "127.0.0.3");
+    Command::new("kill").args(["-9", &pid.to_string()]).status().unwrap();
+    let (code, stderr) = wait_output(child);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(stderr.contains("restarting the job on every node (restart 1 of 1)"), "{stderr}");
+    let kinds = kinds(&events(&run));
+    assert!(kinds.contains(&"node-lost".to_string()), "{kinds:?}");
+    assert!(kinds.contains(&"node-restart".to_string()), "{kinds:?}");
+    assert_eq!(kinds.iter().filter(|kind| *kind == "preflight").count(), 2);
+    assert!(run.join("nodes/127.0.0.3.1").is_dir(), "the second round's record");
+}
+
+#[test]
+fn gpuvisor_stop_stops_every_node() {
+    let dir = tempfile::tempdir().unwrap();
+    let (child, run) = start_long(dir.path(), "");
+    let ps = util::gpuvisor().arg("ps").arg(&run).output().unwrap();
+    let table = String::from_utf8_lossy(&ps.stdout);
+    assert!(table.contains("worker[2]") && table.contains("running"), "{table}");
+    let stop = util::gpuvisor().arg("stop").arg(&run).output().unwrap();
+    assert!(stop.status.success(), "{}", String::from_utf8_lossy(&stop.stderr));
+    let (code, stderr) = wait_output(child);
+    assert_eq!(code, Some(0), "{stderr}");
+    let events = events(&run);
+    assert_eq!(events.iter().filter(|e| e["kind"] == "node-end").count(), 3);
+}
