@@ -4,13 +4,18 @@
 use gpuvisor_core::cluster::expand_hostlist;
 use proptest::prelude::*;
 
-/// One bracketed range: first number, how many names, zero-padded width of the first number.
-fn range() -> impl Strategy<Value = (u64, u64, usize)> {
+/// One bracketed range: first number, how many names after it, zero-padded width of the first.
+type Range = (u64, u64, usize);
+/// One name: prefix, ranges (none: a plain name), suffix.
+type Group = (String, Vec<Range>, String);
+
+/// A random [`Range`].
+fn range() -> impl Strategy<Value = Range> {
     (0u64..500, 0u64..4, 1usize..5)
 }
 
-/// One name group: prefix, ranges (or none: a plain name), suffix.
-fn group() -> impl Strategy<Value = (String, Vec<(u64, u64, usize)>, String)> {
+/// A random [`Group`].
+fn group() -> impl Strategy<Value = Group> {
     (
         "[a-z][a-z0-9]{0,4}",
         prop::collection::vec(range(), 0..4),
@@ -23,7 +28,7 @@ fn group() -> impl Strategy<Value = (String, Vec<(u64, u64, usize)>, String)> {
 }
 
 /// The expression for `groups` and the names it must expand to.
-fn render(groups: &[(String, Vec<(u64, u64, usize)>, String)]) -> (String, Vec<String>) {
+fn render(groups: &[Group]) -> (String, Vec<String>) {
     let mut parts = Vec::new();
     let mut names = Vec::new();
     for (prefix, ranges, suffix) in groups {
