@@ -106,6 +106,11 @@ pub struct PlanArgs {
     /// Print `export` lines for one replica, e.g. `learner` or `actor[2]`, to source by hand.
     #[arg(long, value_name = "PROCESS[REPLICA]")]
     pub env: Option<String>,
+    /// Plan a job over several nodes, each with the same GPUs: a Slurm host list
+    /// (`n1,n2,n3`, `n[1-3]`) or a count (`3`: node0, node1, node2). Shows each node's plan,
+    /// the rendezvous worlds and the NCCL variables.
+    #[arg(long, value_name = "HOSTLIST|COUNT")]
+    pub nodes: Option<String>,
     /// GPU source.
     #[command(flatten)]
     pub inventory: InventoryArgs,

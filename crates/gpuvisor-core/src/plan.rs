@@ -122,7 +122,8 @@ pub struct RankInfo {
     pub local_world_size: u32,
     /// Its node's index among the nodes hosting this world (0 on the coordinator's node).
     pub node_rank: u32,
-    /// Index in the layout's node names of rank 0's node, where the coordinator listens.
+    /// Index in the layout's node names of rank 0's node, where the coordinator listens (0 on
+    /// one machine, where the coordinator is the machine itself).
     pub coordinator_node: usize,
 }
 
@@ -250,7 +251,9 @@ pub fn plan(job: &JobSpec, inventory: &Inventory) -> Result<Plan, PlanError> {
 /// (with a warning: ordering across nodes is not enforced). A selector naming a node that the
 /// step lacks, or picking no node at all, is a [`PlanError::Spec`] at `nodes`.
 ///
-/// With [`NodeLayout::single`], selectors are ignored and the plan is the one-machine plan.
+/// With [`NodeLayout::single`], selectors are ignored and the plan is the one-machine plan
+/// (`distributed` processes still get ranks: one world on this machine). `layout.index` must be
+/// a position in `layout.names`.
 pub fn plan_node(
     job: &JobSpec,
     inventory: &Inventory,

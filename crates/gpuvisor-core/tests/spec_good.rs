@@ -333,3 +333,57 @@ on_gpu_use = "warn"
     assert_eq!(minimal.gpus.headroom_alarm_bytes, None);
     assert_eq!(minimal.processes[0].watch, WatchSpec::default());
 }
+
+#[test]
+fn cluster_nccl_nodes_and_distributed() {
+    use gpuvisor_core::spec::{NcclPreset, NodeFailurePolicy, NodeSelector};
+    let job = parse_good("cluster.toml");
+    assert_eq!(job.cluster.preflight_timeout_ms, 10_000);
+    assert_eq!(job.cluster.node_timeout_ms, 60_000);
+    assert_eq!(job.cluster.on_node_failure, NodeFailurePolicy::Restart);
+    assert_eq!(job.cluster.node_restarts, 2);
+    let span = job
+        .cluster
+        .node_restarts_span
+        .expect("node_restarts written");
+    assert_eq!(&job.source[span.start..span.end], "2");
+    assert_eq!(
+        job.nccl.presets,
+        vec![NcclPreset::Debug, NcclPreset::NvlsOff]
+    );
+    let env = job.nccl.env();
+    assert_eq!(env["NCCL_DEBUG"], "WARN", "[nccl] env wins over the preset");
+    assert_eq!(env["NCCL_DEBUG_SUBSYS"], "INIT,NET");
+    assert_eq!(env["NCCL_NVLS_ENABLE"], "0");
+    assert_eq!(env["NCCL_SOCKET_IFNAME"], "eth0");
+    let learner = job.process("learner").unwrap();
+    assert_eq!(learner.nodes, NodeSelector::First);
+    assert!(learner.distributed);
+    assert_eq!(
+        &job.source[learner.nodes_span.start..learner.nodes_span.end],
+        "\"first\""
+    );
+    let actor = job.process("actor").unwrap();
+    assert_eq!(actor.nodes, NodeSelector::List(vec![0, 2]));
+    assert!(!actor.distributed);
+    assert_eq!(job.process("eval").unwrap().nodes, NodeSelector::Rest);
+}
+
+#[test]
+fn single_machine_jobs_get_cluster_defaults() {
+    use gpuvisor_core::spec::{NodeFailurePolicy, NodeSelector};
+    let job = parse_good("minimal.toml");
+    assert_eq!(job.cluster.preflight_timeout_ms, 30_000);
+    assert_eq!(job.cluster.node_timeout_ms, 30_000);
+    assert_eq!(job.cluster.on_node_failure, NodeFailurePolicy::Stop);
+    assert_eq!(job.cluster.node_restarts, 3);
+    assert_eq!(job.cluster.span, None);
+    assert!(job.nccl.is_empty());
+    assert_eq!(job.processes[0].nodes, NodeSelector::All);
+    assert!(!job.processes[0].distributed);
+    // The serialized spec of a job without the new tables does not mention them.
+    let json = serde_json::to_string(&job).unwrap();
+    for key in ["cluster", "nccl", "nodes", "distributed"] {
+        assert!(!json.contains(&format!("\"{key}\"")), "{key} in {json}");
+    }
+}

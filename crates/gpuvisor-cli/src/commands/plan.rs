@@ -1,4 +1,7 @@
-//! `gpuvisor plan`: the plan for a job file, as tables, JSON, or `export` lines.
+//! `gpuvisor plan`: the plan for a job file, as tables, JSON, or `export` lines; with
+//! `--nodes`, one plan per node of a job over several nodes ([`nodes`]).
+
+mod nodes;
 
 use std::process::ExitCode;
 
@@ -17,10 +20,10 @@ use crate::table::Table;
 pub fn run(args: PlanArgs) -> Result<ExitCode, Failure> {
     let job = read_job_file(&args.job).map_err(Failure::bad_input)?;
     let inventory = load_inventory(args.inventory.simulate.as_deref())?;
-    let plan = plan(&job, &inventory).map_err(|error| match error {
-        PlanError::Infeasible { .. } => Failure::bad_input(error),
-        PlanError::Spec(diagnostic) => Failure::bad_input(diagnostic),
-    })?;
+    if let Some(nodes) = &args.nodes {
+        return nodes::run(&args, &job, &inventory, nodes);
+    }
+    let plan = plan(&job, &inventory).map_err(plan_failure)?;
     if let Some(selector) = &args.env {
         let replica = find_replica(&plan, selector)?;
         print!(
@@ -37,6 +40,14 @@ pub fn run(args: PlanArgs) -> Result<ExitCode, Failure> {
         print!("{}", render(&plan));
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// A planning error as the CLI reports it (bad input, exit status 2).
+fn plan_failure(error: PlanError) -> Failure {
+    match error {
+        PlanError::Infeasible { .. } => Failure::bad_input(error),
+        PlanError::Spec(diagnostic) => Failure::bad_input(diagnostic),
+    }
 }
 
 /// The replica named by `learner` or `actor[2]`.
@@ -84,8 +95,13 @@ fn find_replica<'plan>(
     }
 }
 
-/// The human rendering: a table per GPU, CPU-only processes, warnings.
+/// The human rendering: a table per GPU, CPU-only processes, the NCCL variables, warnings.
 pub fn render(plan: &Plan) -> String {
+    render_with(plan, true)
+}
+
+/// [`render`], with the NCCL section or without it (a multi-node plan shows it once).
+fn render_with(plan: &Plan, show_nccl: bool) -> String {
     let enforcement = match plan.enforcement {
         Enforcement::Shim => "budgets enforced by the gpuvisor shim",
         Enforcement::Framework => "framework settings only: nothing enforces the budgets",
@@ -185,6 +201,9 @@ pub fn render(plan: &Plan) -> String {
         }
         out.push_str(&table.render("  "));
     }
+    if show_nccl && !plan.nccl.is_empty() {
+        out.push_str(&nccl_section(plan));
+    }
     let caveats: Vec<String> = plan
         .replicas
         .iter()
@@ -216,6 +235,8 @@ fn key_env(enforcement: Enforcement, replica: &PlannedReplica) -> String {
                 )
         })
         .filter(|var| !(replica.device == DeviceKind::Gpu && var.name == "CUDA_VISIBLE_DEVICES"))
+        // The job's NCCL variables are the same on every GPU row: shown once, below the GPUs.
+        .filter(|var| !replica.nccl_env.contains_key(&var.name))
         .filter(|var| var.why != "from the job file")
         .filter_map(|var| {
             var.value.map(|value| {
@@ -232,6 +253,28 @@ fn key_env(enforcement: Enforcement, replica: &PlannedReplica) -> String {
         })
         .collect::<Vec<_>>()
         .join(" ")
+}
+
+/// The NCCL variables every GPU replica gets, with the presets they come from.
+fn nccl_section(plan: &Plan) -> String {
+    let presets: Vec<&str> = plan
+        .nccl
+        .presets
+        .iter()
+        .map(|preset| preset.as_str())
+        .collect();
+    let mut out = format!(
+        "\nNCCL (every GPU replica; presets: {})\n",
+        if presets.is_empty() {
+            "none".to_string()
+        } else {
+            presets.join(", ")
+        }
+    );
+    for (name, value) in &plan.nccl.env {
+        out.push_str(&format!("  {name}={value}\n"));
+    }
+    out
 }
 
 fn plural(count: usize) -> &'static str {

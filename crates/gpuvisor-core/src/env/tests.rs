@@ -252,3 +252,38 @@ fn shell_exports_quote_and_unset() {
         "export A=GPU-1,GPU-2\nexport B=''\nexport C='it'\\''s'\nunset D\n"
     );
 }
+
+#[test]
+fn node_and_nccl_vars_only_when_planned() {
+    let plain = replica(Framework::Torch, DeviceKind::Gpu, 12 * GIB);
+    let vars = replica_env(Enforcement::Shim, &plain);
+    assert!(vars
+        .iter()
+        .all(|var| var.name != "GPUVISOR_NODE" && !var.name.starts_with("NCCL_")));
+
+    let mut on_node = plain.clone();
+    on_node.node = Some("n2".into());
+    on_node.nccl_env = BTreeMap::from([
+        ("NCCL_P2P_DISABLE".to_string(), "1".to_string()),
+        ("NCCL_IB_DISABLE".to_string(), "0".to_string()),
+    ]);
+    on_node
+        .user_env
+        .insert("NCCL_P2P_DISABLE".to_string(), "0".to_string());
+    let vars = replica_env(Enforcement::Shim, &on_node);
+    assert_eq!(set(&vars, "GPUVISOR_NODE").as_deref(), Some("n2"));
+    let why = |name: &str| {
+        vars.iter()
+            .filter(|var| var.name == name)
+            .map(|var| var.why.clone())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        why("NCCL_P2P_DISABLE"),
+        ["from the job file"],
+        "user env wins, once"
+    );
+    assert_eq!(set(&vars, "NCCL_P2P_DISABLE").as_deref(), Some("0"));
+    // "0" is not what the ib-off preset sets, so it came from [nccl] env.
+    assert_eq!(why("NCCL_IB_DISABLE"), ["[nccl] env"]);
+}

@@ -21,6 +21,12 @@ pub(super) fn plan_node(
     layout: &NodeLayout,
 ) -> Result<Plan, PlanError> {
     let single = layout.is_single();
+    debug_assert!(
+        single || layout.index < layout.names.len(),
+        "node index {} out of {} nodes",
+        layout.index,
+        layout.names.len()
+    );
     let here = if single { 0 } else { layout.index };
     let hosts: Vec<Vec<usize>> = if single {
         vec![vec![0]; job.processes.len()]
