@@ -1,13 +1,17 @@
 #!/usr/bin/env python3
 """Regenerates docs/benchmarks.md: every performance figure of gpuvisor, measured in one run.
 
-Usage: python3 scripts/bench.py [--quick] [--only SECTION ...] [--output FILE]
+Usage: python3 scripts/bench.py [--quick] [--only SECTION ...] [--output FILE] [--charts-only]
 
 Each section measures side by side where there is a comparison (with and without the shim,
 gpuvisor against other tools) and reports ratios, so the figures hold on any machine of the
 same kind. Needs: cargo, cc, and valgrind for instruction counts (skipped without it).
-Sections: planner, explain, shim-alloc, shim-startup. --quick runs each with fewer iterations and
-repetitions (a smoke test of the script, about a minute once built).
+Sections: planner, explain, shim-alloc, shim-startup, supervisor, sampler. --quick runs each with
+fewer iterations and repetitions (a smoke test of the script, about a minute once built).
+
+Every section also gets a chart, docs/benchmarks/<section>.svg (next to --output), drawn from the
+table the section just printed and embedded after it (scripts/bench_section_charts.py).
+--charts-only measures nothing: it re-reads the tables already in the page and redraws every chart.
 """
 import argparse
 import datetime
@@ -22,6 +26,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from bench_section_charts import redraw, with_chart
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "benchmarks.md"
@@ -508,14 +514,21 @@ def main():
     parser.add_argument("--quick", action="store_true", help="fewer iterations (for a smoke run)")
     parser.add_argument("--only", nargs="*", choices=sorted(SECTIONS), help="run only these sections")
     parser.add_argument("--output", type=Path, default=DOC, help="where to write (default docs/benchmarks.md)")
+    parser.add_argument("--charts-only", action="store_true",
+                        help="measure nothing: redraw every chart from the tables already in the page")
     args = parser.parse_args()
+    if args.charts_only:
+        for path in redraw(args.output):
+            print(f"bench: wrote {path}", file=sys.stderr)
+        print(f"bench: embedded the charts in {args.output}", file=sys.stderr)
+        return
     chosen = args.only or list(SECTIONS)
     load_before = load_average()
     body = []
     try:
         for name in chosen:
             print(f"bench: {name} ...", file=sys.stderr)
-            body += SECTIONS[name](args) + [""]
+            body += with_chart(name, SECTIONS[name](args), args.output) + [""]
     finally:
         if Tools._built:
             Tools._built.cleanup()
