@@ -92,9 +92,10 @@ def duration(text):
 
 
 def first_table(text, name, header_word):
+    """(header, rows) of the first table of `text` with a column whose name holds `header_word`."""
     for table in tables(text):
         if table and any(header_word in cell for cell in table[0]):
-            return table[1:]
+            return table[0], table[1:]
     raise ChartError(f"the {name} section has no table with a {header_word!r} column")
 
 
@@ -107,7 +108,7 @@ def series_of(label):
 
 
 def planner_chart(text):
-    rows = first_table(text, "planner", "time per plan")
+    _, rows = first_table(text, "planner", "time per plan")
     bars = []
     for row in rows:
         parts = row[1].split("/")
@@ -123,7 +124,7 @@ def planner_chart(text):
 
 
 def explain_chart(text):
-    rows = first_table(text, "explain", "wall")
+    _, rows = first_table(text, "explain", "wall")
     size = re.search(r"Log: ([\d.]+) GiB|\*\*([\d.]+) GiB log\*\*", text)
     log = f"a {next(group for group in size.groups() if group)} GiB log" if size else "the log"
     bars = []
@@ -137,7 +138,7 @@ def explain_chart(text):
 
 
 def shim_alloc_chart(text):
-    rows = first_table(text, "shim-alloc", "simulator alone")
+    _, rows = first_table(text, "shim-alloc", "simulator alone")
     panels = []
     for row in rows:
         threads, measure = plain(row[0]), plain(row[1])
@@ -158,7 +159,7 @@ def shim_alloc_chart(text):
 
 
 def shim_startup_chart(text):
-    rows = first_table(text, "shim-startup", "without shim")
+    _, rows = first_table(text, "shim-startup", "without shim")
     panels = []
     timed = [row for row in rows if "first start to last exit" in row[0]]
     if not timed:
@@ -180,8 +181,10 @@ def shim_startup_chart(text):
 
 
 def supervisor_chart(text):
-    rows = first_table(text, "supervisor", "lines/s")
-    header = [cell for cell in tables(text)[0][0]]
+    header, rows = first_table(text, "supervisor", "lines/s")
+    missing = {"tool", "lines/s", "MB/s written"} - set(header)
+    if missing:
+        raise ChartError(f"the supervisor table has no column {sorted(missing)}")
     column = {name: header.index(name) for name in ("tool", "lines/s", "MB/s written")}
     tools = {}
     for row in rows:
@@ -200,9 +203,13 @@ def supervisor_chart(text):
                     1, "target 1 M lines/s"),
               Panel("Bytes per second written (MB/s)", "MB/s", bars("MB/s written", 1))]
     runs = re.search(r"\*\*Start-up\.\*\*.*?runs: ((?:[\d,.]+ ms,? ?)+)", text, re.S)
+    if "**Start-up.**" in text and not runs:
+        raise ChartError("the supervisor's **Start-up.** paragraph lists no runs ('N runs: 437 ms, 416 ms, ...')")
     if runs:
         times = [number(value) for value in re.findall(r"([\d,.]+) ms", runs.group(1))]
-        panels.append(Panel(f"Start-up of 256 replicas, to the last start event (ms, {len(times)} runs)", "ms",
+        replicas = re.search(r"of (\d+) CPU-only replicas", text)
+        panels.append(Panel(f"Start-up of {replicas.group(1) if replicas else 'all'} replicas, to the last start "
+                            f"event (ms, {len(times)} runs)", "ms",
                             [Bar("gpuvisor run", statistics.median(times), min(times), max(times))],
                             1000, "target 1 s"))
     return Chart("Supervisor: log throughput against supervisord and honcho, and start-up", panels,
@@ -211,7 +218,7 @@ def supervisor_chart(text):
 
 
 def sampler_chart(text):
-    rows = first_table(text, "sampler", "sample interval")
+    _, rows = first_table(text, "sampler", "sample interval")
     cpu = [table_bar(f"sampling every {plain(row[0])}", row[1], "%", "gpuvisor") for row in rows]
     rss = [table_bar(f"sampling every {plain(row[0])}", row[3], "MiB", "gpuvisor") for row in rows]
     replicas = re.search(r"\((\d+) replicas", text)

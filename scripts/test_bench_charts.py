@@ -185,9 +185,13 @@ class SectionTest(unittest.TestCase):
         (start,) = startup.bars
         self.assertEqual((start.value, start.low, start.high, startup.target), (437, 391, 1016, 1000))
 
-    def test_a_section_without_its_table_is_an_error(self):
+    def test_a_section_without_what_its_chart_needs_is_an_error(self):
         with self.assertRaises(sections.ChartError):
             sections.planner_chart("## Planner\n\nno table today\n")
+        with self.assertRaises(sections.ChartError):
+            sections.supervisor_chart(SUPERVISOR.split("**Start-up.**")[0] + "**Start-up.** not measured.")
+        with self.assertRaises(sections.ChartError):
+            sections.supervisor_chart(SUPERVISOR.replace("MB/s written", "MB/s"))
 
     def test_embed_goes_after_the_first_table_once(self):
         lines = PLANNER.splitlines()
