@@ -524,11 +524,17 @@ def main():
         return
     chosen = args.only or list(SECTIONS)
     load_before = load_average()
-    body = []
+    body, chart_errors = [], []
     try:
         for name in chosen:
             print(f"bench: {name} ...", file=sys.stderr)
-            body += with_chart(name, SECTIONS[name](args), args.output) + [""]
+            lines = SECTIONS[name](args)
+            try:
+                lines = with_chart(name, lines, args.output)
+            except ValueError as error:  # ChartError, or a value render() cannot draw
+                # Keep the measurements: the table is written, the failure reported at the end.
+                chart_errors.append(f"{name}: {error}")
+            body += lines + [""]
     finally:
         if Tools._built:
             Tools._built.cleanup()
@@ -551,6 +557,10 @@ def main():
     ]
     args.output.write_text("\n".join(header + body).rstrip() + "\n")
     print(f"bench: wrote {args.output}", file=sys.stderr)
+    if chart_errors:
+        sys.exit("bench: no chart for " + "; ".join(chart_errors) +
+                 "\nhint: make bench_section_charts.py read the new table, then run "
+                 "`python3 scripts/bench.py --charts-only`")
 
 
 if __name__ == "__main__":

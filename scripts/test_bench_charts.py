@@ -214,6 +214,28 @@ class SectionTest(unittest.TestCase):
             sections.redraw(doc)
             self.assertEqual(doc.read_text(), text, "redrawing twice changes nothing")
 
+    def test_a_full_run_keeps_its_tables_when_a_chart_cannot_be_drawn(self):
+        import bench
+        from unittest import mock
+
+        good = PLANNER.splitlines()
+        broken = ["## Supervisor", "", "The table went missing."]
+        sections_run = {"planner": lambda args: good, "supervisor": lambda args: broken}
+        with tempfile.TemporaryDirectory() as tmp:
+            doc = Path(tmp) / "benchmarks.md"
+            argv = ["bench.py", "--only", "planner", "supervisor", "--output", str(doc)]
+            with mock.patch.object(bench, "SECTIONS", sections_run), mock.patch.object(sys, "argv", argv), \
+                    mock.patch.object(bench, "sh", return_value=mock.Mock(stdout="rustc 1.0")):
+                with self.assertRaises(SystemExit) as exit:
+                    bench.main()
+            self.assertIn("no chart for supervisor", str(exit.exception))
+            text = doc.read_text()
+            self.assertIn("| plan 1000 replicas on 8 GPUs (pack) |", text)
+            self.assertIn("](benchmarks/planner.svg)", text)
+            self.assertIn("The table went missing.", text)
+            self.assertTrue((Path(tmp) / "benchmarks" / "planner.svg").is_file())
+            self.assertFalse((Path(tmp) / "benchmarks" / "supervisor.svg").exists())
+
     def test_committed_charts_match_the_committed_tables(self):
         """Every section of docs/benchmarks.md has its chart embedded, and the committed SVG is
         what its table draws now (regenerate with `python3 scripts/bench.py --charts-only`)."""
