@@ -4,7 +4,8 @@
 Usage: python3 scripts/bench_sampler.py [--quick] [--seconds N] [--replicas N] [--write]
 
 Prints the "## Sampler" section of docs/benchmarks.md (and replaces that section in the file
-with --write). scripts/bench.py runs it too, as its `sampler` section.
+with --write, redrawing its chart docs/benchmarks/sampler.svg from the table). scripts/bench.py
+runs it too, as its `sampler` section.
 
 `gpuvisor run --simulate 4x80GiB` of one process with N replicas (default 256) of `sleep`, each
 a GPU replica with a 100 MiB budget (so the shim and ledger are in place and every replica has
@@ -24,6 +25,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from bench_section_charts import with_chart
 
 ROOT = Path(__file__).resolve().parent.parent
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -146,12 +149,13 @@ def main():
     parser.add_argument("--replicas", type=int, default=256)
     parser.add_argument("--write", action="store_true", help="replace the section in docs/benchmarks.md")
     args = parser.parse_args()
-    text = "\n".join(section(args))
-    print(text)
+    lines = section(args)
+    print("\n".join(lines))
     if args.write:
-        from bench import replace_section  # here, not at the top: bench.py imports this file
+        from bench import DOC, replace_section  # here, not at the top: bench.py imports this file
 
-        replace_section("Sampler", text)
+        # The chart, docs/benchmarks/sampler.svg, is drawn from the table just printed.
+        replace_section("Sampler", "\n".join(with_chart("sampler", lines, DOC)))
 
 
 if __name__ == "__main__":

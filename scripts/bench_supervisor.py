@@ -4,7 +4,8 @@
 Usage: python3 scripts/bench_supervisor.py [--quick] [--seconds N] [--children N] [--rounds N] [--write]
 
 Prints the "## Supervisor" section of docs/benchmarks.md (and replaces that section in the file
-with --write). scripts/bench.py runs it too, as its `supervisor` section.
+with --write, redrawing its chart docs/benchmarks/supervisor.svg from the table). scripts/bench.py
+runs it too, as its `supervisor` section.
 
 Log throughput: N children (default 64) each run `yes LINE` for S seconds (default 10), under
 gpuvisor, supervisord and honcho in turn, each tool writing every line to files. Reported: lines
@@ -26,6 +27,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from bench_section_charts import with_chart
 
 ROOT = Path(__file__).resolve().parent.parent
 LINE = "2026-11-21 12:00:00 INFO actor step=123456 reward=0.98765 loss=0.0123 fps=4567"
@@ -300,12 +303,13 @@ def main():
     parser.add_argument("--rounds", type=int, default=2, help="rounds of the three tools, interleaved")
     parser.add_argument("--write", action="store_true", help="replace the section in docs/benchmarks.md")
     args = parser.parse_args()
-    text = "\n".join(section(args))
-    print(text)
+    lines = section(args)
+    print("\n".join(lines))
     if args.write:
-        from bench import replace_section  # here, not at the top: bench.py imports this file
+        from bench import DOC, replace_section  # here, not at the top: bench.py imports this file
 
-        replace_section("Supervisor", text)
+        # The chart, docs/benchmarks/supervisor.svg, is drawn from the table just printed.
+        replace_section("Supervisor", "\n".join(with_chart("supervisor", lines, DOC)))
 
 
 if __name__ == "__main__":
