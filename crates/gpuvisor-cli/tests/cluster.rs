@@ -97,14 +97,23 @@ memory = "1GiB"
     .unwrap();
     let run = dir.path().join("run");
     let output = in_allocation(THREE, &bin)
-        .args(["run", job.to_str().unwrap(), "--simulate", "1x24GiB", "--run-dir"])
+        .args([
+            "run",
+            job.to_str().unwrap(),
+            "--simulate",
+            "1x24GiB",
+            "--run-dir",
+        ])
         .arg(&run)
         .current_dir(dir.path())
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(0), "{stderr}");
-    assert!(stderr.contains("on 3 nodes (127.0.0.1, 127.0.0.2, 127.0.0.3)"), "{stderr}");
+    assert!(
+        stderr.contains("on 3 nodes (127.0.0.1, 127.0.0.2, 127.0.0.3)"),
+        "{stderr}"
+    );
     assert!(stderr.contains("preflight"), "{stderr}");
 
     // JAX world: one process per node, ranks 0..3, coordinator on the first node.
@@ -117,7 +126,10 @@ memory = "1GiB"
         assert!(env.contains(&format!("SLURM_PROCID={rank}\n")), "{env}");
         assert!(env.contains("SLURM_NTASKS=3\n"), "{env}");
         assert!(env.contains("NCCL_DEBUG=INFO\n"), "{env}");
-        assert!(env.contains(&format!("GPUVISOR_NODE=127.0.0.{}\n", rank + 1)), "{env}");
+        assert!(
+            env.contains(&format!("GPUVISOR_NODE=127.0.0.{}\n", rank + 1)),
+            "{env}"
+        );
     }
     // torch world on nodes 1 and 2, two per node: ranks 0..4, master on 127.0.0.2.
     let mut masters = Vec::new();
@@ -158,7 +170,10 @@ memory = "1GiB"
         .collect();
     assert_eq!(actor_nodes, ["127.0.0.3", "127.0.0.3"]);
     for log in ["learner.0", "learner.2", "trainer.3", "actor.0", "actor.1"] {
-        assert!(run.join("logs").join(format!("{log}.log")).is_file(), "{log}");
+        assert!(
+            run.join("logs").join(format!("{log}.log")).is_file(),
+            "{log}"
+        );
     }
     let log = std::fs::read_to_string(run.join("logs/actor.1.log")).unwrap();
     assert!(log.contains("actor 1 on 127.0.0.3"), "{log}");
@@ -201,19 +216,28 @@ distributed = true
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(1), "{stderr}");
     assert!(started.elapsed() < Duration::from_secs(20), "{stderr}");
-    assert!(stderr.contains("preflight failed: 2 unreachable node-coordinator pairs"), "{stderr}");
+    assert!(
+        stderr.contains("preflight failed: 2 unreachable node-coordinator pairs"),
+        "{stderr}"
+    );
     assert!(
         stderr.contains("127.0.0.2 cannot reach learner's coordinator at unresolvable.invalid:"),
         "{stderr}"
     );
-    assert!(stderr.contains("cannot resolve unresolvable.invalid"), "{stderr}");
+    assert!(
+        stderr.contains("cannot resolve unresolvable.invalid"),
+        "{stderr}"
+    );
     assert!(stderr.contains("hint: "), "{stderr}");
     assert!(!dir.path().join("started").exists(), "nothing started");
     let events = events(&run);
     let kinds = kinds(&events);
     assert!(kinds.contains(&"preflight-failed".to_string()), "{kinds:?}");
     assert!(!kinds.contains(&"start".to_string()), "{kinds:?}");
-    let failed = events.iter().find(|e| e["kind"] == "preflight-failed").unwrap();
+    let failed = events
+        .iter()
+        .find(|e| e["kind"] == "preflight-failed")
+        .unwrap();
     assert_eq!(failed["unreachable"].as_array().unwrap().len(), 2);
 }
 
@@ -259,7 +283,11 @@ device = "cpu"
 /// The pid of the agent serving `node`.
 fn agent_pid(run: &Path, node: &str) -> i32 {
     let events = events(run);
-    let joined = events.iter().rev().find(|e| e["kind"] == "nodes-joined").unwrap();
+    let joined = events
+        .iter()
+        .rev()
+        .find(|e| e["kind"] == "nodes-joined")
+        .unwrap();
     joined["agents"]
         .as_array()
         .unwrap()
@@ -284,7 +312,10 @@ fn a_killed_node_agent_is_reported_and_stops_the_job() {
     let (child, run) = start_long(dir.path(), "");
     let pid = agent_pid(&run, "127.0.0.2");
     // SAFETY-free: kill(1) as a command keeps this test crate free of unsafe code.
-    Command::new("kill").args(["-9", &pid.to_string()]).status().unwrap();
+    Command::new("kill")
+        .args(["-9", &pid.to_string()])
+        .status()
+        .unwrap();
     let (code, stderr) = wait_output(child);
     assert_eq!(code, Some(1), "{stderr}");
     assert!(stderr.contains("node 127.0.0.2"), "{stderr}");
@@ -301,19 +332,31 @@ fn a_killed_node_agent_is_reported_and_stops_the_job() {
 #[test]
 fn with_restart_a_lost_node_restarts_the_job_on_every_node() {
     let dir = tempfile::tempdir().unwrap();
-    let (child, run) = start_long(dir.path(), "on_node_failure = \"restart\"\nnode_restarts = 1");
+    let (child, run) = start_long(
+        dir.path(),
+        "on_node_failure = \"restart\"\nnode_restarts = 1",
+    );
     // The second round's workers end at once.
     std::fs::write(dir.path().join("stop-now"), "").unwrap();
     let pid = agent_pid(&run, "127.0.0.3");
-    Command::new("kill").args(["-9", &pid.to_string()]).status().unwrap();
+    Command::new("kill")
+        .args(["-9", &pid.to_string()])
+        .status()
+        .unwrap();
     let (code, stderr) = wait_output(child);
     assert_eq!(code, Some(0), "{stderr}");
-    assert!(stderr.contains("restarting the job on every node (restart 1 of 1)"), "{stderr}");
+    assert!(
+        stderr.contains("restarting the job on every node (restart 1 of 1)"),
+        "{stderr}"
+    );
     let kinds = kinds(&events(&run));
     assert!(kinds.contains(&"node-lost".to_string()), "{kinds:?}");
     assert!(kinds.contains(&"node-restart".to_string()), "{kinds:?}");
     assert_eq!(kinds.iter().filter(|kind| *kind == "preflight").count(), 2);
-    assert!(run.join("nodes/127.0.0.3.1").is_dir(), "the second round's record");
+    assert!(
+        run.join("nodes/127.0.0.3.1").is_dir(),
+        "the second round's record"
+    );
 }
 
 #[test]
@@ -322,11 +365,63 @@ fn gpuvisor_stop_stops_every_node() {
     let (child, run) = start_long(dir.path(), "");
     let ps = util::gpuvisor().arg("ps").arg(&run).output().unwrap();
     let table = String::from_utf8_lossy(&ps.stdout);
-    assert!(table.contains("worker[2]") && table.contains("running"), "{table}");
+    assert!(
+        table.contains("worker[2]") && table.contains("running"),
+        "{table}"
+    );
     let stop = util::gpuvisor().arg("stop").arg(&run).output().unwrap();
-    assert!(stop.status.success(), "{}", String::from_utf8_lossy(&stop.stderr));
+    assert!(
+        stop.status.success(),
+        "{}",
+        String::from_utf8_lossy(&stop.stderr)
+    );
     let (code, stderr) = wait_output(child);
     assert_eq!(code, Some(0), "{stderr}");
     let events = events(&run);
     assert_eq!(events.iter().filter(|e| e["kind"] == "node-end").count(), 3);
+}
+
+#[test]
+fn after_holds_across_nodes() {
+    let dir = tempfile::tempdir().unwrap();
+    let bin = fake_srun_dir(dir.path());
+    let job = dir.path().join("job.toml");
+    // The learner (first node only) is ready a second after it starts, when it has written its
+    // marker; actors on the other nodes must not start before that.
+    std::fs::write(
+        &job,
+        r#"
+[process.learner]
+command = ["sh", "-c", "sleep 1; touch learner-up; echo serving; sleep 2"]
+device = "cpu"
+nodes = "first"
+ready = "log:serving"
+
+[process.actor]
+command = ["sh", "-c", "test -e learner-up || { echo started too early; exit 1; }"]
+device = "cpu"
+nodes = "rest"
+after = ["learner"]
+"#,
+    )
+    .unwrap();
+    let run = dir.path().join("run");
+    let output = in_allocation(THREE, &bin)
+        .args(["run", job.to_str().unwrap(), "--run-dir"])
+        .arg(&run)
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    let events = events(&run);
+    let gates: Vec<&Value> = events.iter().filter(|e| e["kind"] == "gate").collect();
+    assert_eq!(
+        gates.len(),
+        2,
+        "one gate opened on each actor node: {events:?}"
+    );
+    assert!(gates
+        .iter()
+        .all(|gate| gate["process"] == "learner" && gate["ready"] == true));
 }

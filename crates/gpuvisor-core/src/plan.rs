@@ -182,7 +182,8 @@ pub struct PlannedReplica {
     pub cwd: Option<PathBuf>,
     /// The user's `env`, `{replica}` substituted.
     pub user_env: BTreeMap<String, String>,
-    /// Processes it waits for (on its own node: ordering across nodes is not enforced).
+    /// Processes it waits for, job-wide: on a multi-node run, those on other nodes are waited
+    /// for through the head (the supervisor's gates).
     pub after: Vec<String>,
     /// The node it runs on; `None` on one machine.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -247,8 +248,8 @@ pub fn plan(job: &JobSpec, inventory: &Inventory) -> Result<Plan, PlanError> {
 /// each. Replica numbers are job-wide: node order, then order on the node (an actor with
 /// replicas = 2 over 3 nodes is actor[0], actor[1] on the first node, actor[2], actor[3] on the
 /// second, ...), and `replicas` is the job-wide total, so labels and `{replica}` are unique
-/// over the job. `after` entries naming processes that do not run on this node are dropped
-/// (with a warning: ordering across nodes is not enforced). A selector naming a node that the
+/// over the job. `after` keeps processes that run on other nodes only: the supervisor waits
+/// for those through the head (which orders processes across nodes). A selector naming a node that the
 /// step lacks, or picking no node at all, is a [`PlanError::Spec`] at `nodes`.
 ///
 /// With [`NodeLayout::single`], selectors are ignored and the plan is the one-machine plan

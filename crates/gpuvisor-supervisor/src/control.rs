@@ -39,6 +39,14 @@ pub enum Request {
         /// The process.
         process: String,
     },
+    /// A process running on other nodes only is ready job-wide, or no longer is (sent by a
+    /// multi-node run's head to each node; replicas `after` it wait for it).
+    Gate {
+        /// The process.
+        process: String,
+        /// Ready or not.
+        ready: bool,
+    },
     /// The sampler's latest [`crate::sample::Snapshot`]: reply
     /// `{"ok":true,"sample":{...}}` (`"sample":null` before the first tick).
     Sample,
@@ -72,6 +80,9 @@ pub struct PsRow {
     pub uptime_ms: Option<u64>,
     /// The last exit cause.
     pub last_exit: Option<String>,
+    /// The node it runs on, in a multi-node run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
 }
 
 /// A request from a client with the channel its reply goes back on.

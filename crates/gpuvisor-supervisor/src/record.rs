@@ -39,6 +39,10 @@ pub fn ps_from_events(events: &[Map<String, Value>]) -> Vec<PsRow> {
                     budget_bytes: 0,
                     uptime_ms: None,
                     last_exit: None,
+                    node: event
+                        .get("node")
+                        .and_then(Value::as_str)
+                        .map(str::to_string),
                 });
                 rows.len() - 1
             }

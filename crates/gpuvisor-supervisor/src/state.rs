@@ -49,6 +49,9 @@ pub struct Slot {
 #[derive(Debug)]
 pub struct Machine {
     slots: Vec<Slot>,
+    /// Processes named in an `after` that have no replica here (they run on other nodes),
+    /// with whether they are ready job-wide ([`Input::Gate`]).
+    gates: std::collections::BTreeMap<String, bool>,
     shutting_down: bool,
     failed: bool,
     finished: bool,
@@ -59,6 +62,12 @@ impl Machine {
     /// A machine for these replicas (in plan order); `seed` drives the backoff jitter.
     pub fn new(members: Vec<Member>, seed: u64) -> Machine {
         let levels = levels(&members);
+        let gates = members
+            .iter()
+            .flat_map(|member| member.after.iter())
+            .filter(|name| !members.iter().any(|other| &other.process == *name))
+            .map(|name| (name.clone(), false))
+            .collect();
         let slots = members
             .into_iter()
             .zip(levels)
@@ -73,6 +82,7 @@ impl Machine {
             .collect();
         Machine {
             slots,
+            gates,
             shutting_down: false,
             failed: false,
             finished: false,
@@ -162,6 +172,18 @@ impl Machine {
             }
             Input::RestartReplica(index, reason) => {
                 self.restart_one(now, index, &reason, &mut actions);
+            }
+            Input::Gate(name, ready) => {
+                if let Some(gate) = self.gates.get_mut(&name) {
+                    if *gate != ready {
+                        *gate = ready;
+                        actions.push(job_event(
+                            Event::new("gate")
+                                .with("process", name)
+                                .with("ready", ready),
+                        ));
+                    }
+                }
             }
             Input::KillReplica(index, reason) => {
                 if self.slots[index].phase.is_live() {
@@ -519,6 +541,9 @@ impl Machine {
 
     fn dependencies_ready(&self, index: usize) -> bool {
         self.slots[index].member.after.iter().all(|name| {
+            if let Some(ready) = self.gates.get(name) {
+                return *ready;
+            }
             self.slots
                 .iter()
                 .filter(|slot| &slot.member.process == name)

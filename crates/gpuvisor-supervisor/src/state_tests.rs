@@ -352,3 +352,18 @@ fn dependants_of_a_process_that_ended_unready_are_blocked_and_the_job_fails() {
     );
     assert!(actions.contains(&Action::Finish(1)), "{actions:?}");
 }
+
+#[test]
+fn a_process_after_one_on_another_node_waits_for_its_gate() {
+    // The learner runs on another node: the actor here waits until the head says it is ready.
+    let mut machine = Machine::new(vec![member("actor", &["learner"]), member("sim", &[])], 7);
+    assert_eq!(spawns(&machine.step(0, Input::Tick)), vec![1]);
+    assert!(spawns(&machine.step(1, Input::Tick)).is_empty());
+    let actions = machine.step(2, Input::Gate("learner".into(), true));
+    assert_eq!(kinds(&actions), vec!["gate"]);
+    assert_eq!(spawns(&actions), vec![0]);
+    // A gate for a process this node does not wait for changes nothing.
+    assert!(machine
+        .step(3, Input::Gate("other".into(), true))
+        .is_empty());
+}

@@ -77,6 +77,9 @@ pub enum Input {
     /// Stop replica `index` and start it again at once (counts as a restart): a policy's
     /// `restart`; the text is the reason.
     RestartReplica(usize, String),
+    /// A process that runs on other nodes only is ready (every replica of it, job-wide) or no
+    /// longer is: replicas `after` it here wait for this (multi-node runs; the head says).
+    Gate(String, bool),
 }
 
 /// Where a replica is in its life.

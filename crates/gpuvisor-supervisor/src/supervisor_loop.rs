@@ -243,6 +243,10 @@ impl Run<'_> {
                 }
                 Err(error) => error,
             },
+            Request::Gate { process, ready } => {
+                inputs.push(Input::Gate(process, ready));
+                json!({ "ok": true })
+            }
             Request::Sample => {
                 let latest = self.latest.lock().unwrap_or_else(|p| p.into_inner());
                 json!({ "ok": true, "sample": *latest })
@@ -286,6 +290,7 @@ impl Run<'_> {
                     .and(track.started)
                     .map(|started| started.elapsed().as_millis() as u64),
                 last_exit: track.last_cause.clone(),
+                node: None,
             })
             .collect()
     }

@@ -66,8 +66,13 @@ pub fn ps(args: PsArgs) -> Result<ExitCode, Failure> {
         );
         return Ok(ExitCode::SUCCESS);
     }
-    let mut table = Table::new(&[
-        "PROCESS",
+    // A multi-node run names each replica's node.
+    let nodes = rows.iter().any(|row| row.node.is_some());
+    let mut header = vec!["PROCESS"];
+    if nodes {
+        header.push("NODE");
+    }
+    header.extend([
         "STATE",
         "PID",
         "RESTARTS",
@@ -75,14 +80,18 @@ pub fn ps(args: PsArgs) -> Result<ExitCode, Failure> {
         "UPTIME",
         "LAST EXIT",
     ]);
+    let mut table = Table::new(&header);
     for row in &rows {
         let gpu = match (row.gpu_used_bytes, row.budget_bytes) {
             (_, 0) => "-".to_string(),
             (Some(used), budget) => format!("{} / {}", ByteSize(used), ByteSize(budget)),
             (None, budget) => format!("? / {}", ByteSize(budget)),
         };
-        table.row(vec![
-            row.label.clone(),
+        let mut cells = vec![row.label.clone()];
+        if nodes {
+            cells.push(row.node.clone().unwrap_or_else(|| "-".into()));
+        }
+        cells.extend([
             row.state.clone(),
             row.pid
                 .map(|pid| pid.to_string())
@@ -94,6 +103,7 @@ pub fn ps(args: PsArgs) -> Result<ExitCode, Failure> {
                 .unwrap_or_else(|| "-".into()),
             row.last_exit.clone().unwrap_or_else(|| "-".into()),
         ]);
+        table.row(cells);
     }
     let status = if live {
         "running"
@@ -139,7 +149,8 @@ pub fn restart(args: RestartArgs) -> Result<ExitCode, Failure> {
     send(&run, &Request::Restart { process })
 }
 
-/// Budgets from the run's plan.json (the record's events do not repeat them).
+/// Budgets from the run's plan.json (the record's events do not repeat them), and the rows in
+/// the plan's order.
 fn add_budgets(run: &Path, rows: &mut [PsRow]) {
     let Ok(text) = std::fs::read_to_string(run.join("plan.json")) else {
         return;
@@ -147,6 +158,7 @@ fn add_budgets(run: &Path, rows: &mut [PsRow]) {
     let Ok(plan) = serde_json::from_str::<Value>(&text) else {
         return;
     };
+    let mut order = Vec::new();
     for replica in plan["replicas"].as_array().into_iter().flatten() {
         let process = replica["process"].as_str().unwrap_or_default();
         let number = replica["replica"].as_u64().unwrap_or(0);
@@ -158,7 +170,15 @@ fn add_budgets(run: &Path, rows: &mut [PsRow]) {
         if let Some(row) = rows.iter_mut().find(|row| row.label == label) {
             row.budget_bytes = replica["budget_bytes"].as_u64().unwrap_or(0);
         }
+        order.push(label);
     }
+    // The plan's order (a multi-node record has the nodes' events interleaved).
+    rows.sort_by_key(|row| {
+        order
+            .iter()
+            .position(|label| label == &row.label)
+            .unwrap_or(usize::MAX)
+    });
 }
 
 fn is_run_dir(text: &str) -> bool {

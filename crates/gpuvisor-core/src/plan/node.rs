@@ -36,7 +36,6 @@ pub(super) fn plan_node(
             .map(|process| hosting_nodes(job, process, layout))
             .collect::<Result<_, _>>()?
     };
-    let mut cross_node_warnings = Vec::new();
     let local: Cow<'_, JobSpec> = if single {
         Cow::Borrowed(job)
     } else {
@@ -51,13 +50,8 @@ pub(super) fn plan_node(
             .processes
             .retain(|process| on_this_node(&process.name));
         for process in &mut local.processes {
-            process.after.retain(|before| {
-                let kept = on_this_node(before);
-                if !kept {
-                    cross_node_warnings.push(cross_node_warning(&process.name, before));
-                }
-                kept
-            });
+            // Placement needs only this node's processes; the full `after` comes back below.
+            process.after.retain(|before| on_this_node(before));
         }
         Cow::Owned(local)
     };
@@ -85,6 +79,9 @@ pub(super) fn plan_node(
             replica.replicas = process.replicas * nodes.len() as u32;
             (replica.argv, replica.user_env) = substituted(process, global);
             replica.node.clone_from(&node_name);
+            // Waiting for a process on other nodes is the supervisor's gate, opened by the
+            // head when that process is ready job-wide.
+            replica.after.clone_from(&process.after);
         }
         if replica.device == DeviceKind::Gpu {
             replica.nccl_env.clone_from(&nccl_env);
@@ -104,11 +101,6 @@ pub(super) fn plan_node(
     for gpu in &mut plan.gpus {
         gpu.node.clone_from(&node_name);
     }
-    for warning in cross_node_warnings {
-        if !plan.warnings.contains(&warning) {
-            plan.warnings.push(warning);
-        }
-    }
     plan.node = node_name;
     plan.nodes.clone_from(&layout.names);
     plan.nccl = PlannedNccl {
@@ -116,15 +108,6 @@ pub(super) fn plan_node(
         env: nccl_env,
     };
     Ok(plan)
-}
-
-/// The warning for `process` waiting for `before`, which does not run on this node. The same
-/// text on every node, so a merged plan shows it once.
-fn cross_node_warning(process: &str, before: &str) -> String {
-    format!(
-        "{process} waits for {before} (`after`), but {before} does not run on every node {process} runs on: \
-         ordering across nodes is not enforced, so where {before} is absent {process} starts without waiting"
-    )
 }
 
 /// The nodes, ascending, that `process` runs on; a selector naming a node the step lacks, or

@@ -74,9 +74,7 @@ pub fn agent(args: AgentArgs) -> Result<ExitCode, Failure> {
     for signal in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
         signals.add(signal);
     }
-    signals
-        .thread_block()
-        .map_err(Failure::unavailable)?;
+    signals.thread_block().map_err(Failure::unavailable)?;
     let token = std::env::var(TOKEN_ENV).unwrap_or_default();
     let node = node_name();
     let stream = connect(&args.head).map_err(|error| {

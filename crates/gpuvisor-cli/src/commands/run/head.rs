@@ -529,7 +529,11 @@ impl Context<'_> {
             std::thread::spawn(move || loop {
                 let message = from.recv::<AgentMsg>().ok().flatten();
                 let end = message.is_none();
-                if inputs.send(Input::FromAgent(round, index, message)).is_err() || end {
+                if inputs
+                    .send(Input::FromAgent(round, index, message))
+                    .is_err()
+                    || end
+                {
                     return;
                 }
             });
@@ -548,6 +552,7 @@ impl Context<'_> {
         let mut stopping = false;
         let mut signals_seen = 0;
         let mut last_record = Instant::now() - Duration::from_secs(1);
+        let mut gates = Gates::new(&self.plans);
         while over.iter().any(|over| !over) {
             let input = match receiver.recv_timeout(Duration::from_millis(500)) {
                 Ok(input) => Some(input),
@@ -560,10 +565,19 @@ impl Context<'_> {
                 Some(Input::FromAgent(_, index, Some(message))) => {
                     last_seen[index] = Instant::now();
                     match message {
-                        AgentMsg::Event { line } => self
-                            .events
-                            .append_line(&with_node(&line, &agents[index].node)),
-                        AgentMsg::Ps { rows } => ps[index] = rows,
+                        AgentMsg::Event { line } => {
+                            self.events
+                                .append_line(&with_node(&line, &agents[index].node));
+                            if let Some((process, ready)) = gates.observe(&line) {
+                                broadcast(&mut agents, &over, &Request::Gate { process, ready });
+                            }
+                        }
+                        AgentMsg::Ps { mut rows } => {
+                            for row in &mut rows {
+                                row.node = Some(agents[index].node.clone());
+                            }
+                            ps[index] = rows
+                        }
                         AgentMsg::Sample { sample } => {
                             samples[index] = serde_json::from_value(sample).ok();
                             // One merged record per second, with every node in it (the rows
@@ -754,6 +768,58 @@ impl Context<'_> {
                 json!({ "ok": true })
             }
         }
+    }
+}
+
+/// Which processes are ready job-wide, for the nodes that wait for processes running
+/// elsewhere (`after` across nodes). Fed every node's events; says when a process that some
+/// replica waits for becomes ready on every node (or stops being so, after a restart).
+struct Gates {
+    /// Label -> (process, ready now).
+    replicas: BTreeMap<String, (String, bool)>,
+    /// Processes something waits for -> whether the nodes were last told it is ready.
+    told: BTreeMap<String, bool>,
+}
+
+impl Gates {
+    fn new(plans: &[Plan]) -> Gates {
+        let replicas = plans
+            .iter()
+            .flat_map(|plan| &plan.replicas)
+            .map(|replica| (replica.label(), (replica.process.clone(), false)))
+            .collect();
+        let told = plans
+            .iter()
+            .flat_map(|plan| &plan.replicas)
+            .flat_map(|replica| replica.after.iter().cloned())
+            .map(|name| (name, false))
+            .collect();
+        Gates { replicas, told }
+    }
+
+    /// Takes one event line; Some((process, ready)) when the nodes must hear of a change.
+    fn observe(&mut self, line: &str) -> Option<(String, bool)> {
+        let event: Value = serde_json::from_str(line).ok()?;
+        let label = event.get("process")?.as_str()?;
+        let ready = match event.get("kind")?.as_str()? {
+            "ready" => true,
+            "restart" | "crash-loop" | "failed" => false,
+            _ => return None,
+        };
+        let (process, state) = self.replicas.get_mut(label)?;
+        *state = ready;
+        let process = process.clone();
+        let told = self.told.get_mut(&process)?;
+        let all_ready = self
+            .replicas
+            .values()
+            .filter(|(name, _)| name == &process)
+            .all(|(_, ready)| *ready);
+        if *told == all_ready {
+            return None;
+        }
+        *told = all_ready;
+        Some((process, all_ready))
     }
 }
 
@@ -956,6 +1022,51 @@ fn which(program: &str) -> Option<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_process_is_ready_job_wide_when_every_replica_on_every_node_is() {
+        use gpuvisor_core::inventory::simulate;
+        use gpuvisor_core::spec::parse_job;
+        let job = parse_job(
+            Path::new("job.toml"),
+            "[process.learner]\ncommand=[\"l\"]\nreplicas=2\nnodes=\"first\"\ndevice=\"cpu\"\n\
+             [process.actor]\ncommand=[\"a\"]\nnodes=\"rest\"\ndevice=\"cpu\"\nafter=[\"learner\"]\n",
+        )
+        .unwrap();
+        let inventory = simulate("1x24GiB").unwrap();
+        let names = vec!["n1".to_string(), "n2".to_string()];
+        let plans: Vec<Plan> = (0..2)
+            .map(|index| {
+                let layout = NodeLayout {
+                    names: names.clone(),
+                    index,
+                };
+                plan_node(&job, &inventory, &layout).unwrap()
+            })
+            .collect();
+        let mut gates = Gates::new(&plans);
+        let event =
+            |kind: &str, label: &str| format!(r#"{{"t":"x","kind":"{kind}","process":"{label}"}}"#);
+        assert_eq!(gates.observe(&event("ready", "learner[0]")), None);
+        assert_eq!(
+            gates.observe(&event("ready", "actor")),
+            None,
+            "nothing waits for actors"
+        );
+        assert_eq!(
+            gates.observe(&event("ready", "learner[1]")),
+            Some(("learner".to_string(), true))
+        );
+        assert_eq!(
+            gates.observe(&event("ready", "learner[1]")),
+            None,
+            "told once"
+        );
+        assert_eq!(
+            gates.observe(&event("restart", "learner[0]")),
+            Some(("learner".to_string(), false))
+        );
+    }
 
     #[test]
     fn agent_events_carry_their_node_and_keep_time_and_kind_first() {
