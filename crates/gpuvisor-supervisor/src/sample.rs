@@ -49,6 +49,9 @@ pub struct GpuStat {
     pub memory_utilization_percent: Option<u32>,
     /// `total - used` fell below the job's `headroom_alarm`.
     pub headroom_alarm: bool,
+    /// Its node, in a multi-node run's merged sample.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
 }
 
 /// One replica (with every process descended from it).

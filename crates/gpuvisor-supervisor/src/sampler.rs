@@ -262,6 +262,7 @@ impl Sampler {
                     utilization_percent: device.utilization_percent,
                     memory_utilization_percent: device.memory_utilization_percent,
                     headroom_alarm: false,
+                    node: None,
                 })
                 .collect(),
             replicas,

@@ -125,6 +125,7 @@ fn samples_of(inventory: &Inventory, util: impl Fn(u32) -> Option<u8>) -> Vec<Gp
             used_bytes: Some(gpu.used_bytes()),
             util_percent: util(gpu.index),
             processes: gpu.processes.clone(),
+            node: None,
         })
         .collect()
 }

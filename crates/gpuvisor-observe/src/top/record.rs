@@ -32,6 +32,8 @@ pub struct PlannedReplica {
     pub gpus: Vec<u32>,
     /// Budget per GPU, bytes (0: CPU-only).
     pub budget_bytes: u64,
+    /// Its node, in a multi-node run.
+    pub node: Option<String>,
 }
 
 /// One GPU of the plan.
@@ -43,6 +45,8 @@ pub struct PlannedGpu {
     pub name: String,
     /// Total memory, bytes.
     pub total_bytes: u64,
+    /// Its node, in a multi-node run (GPU indexes repeat from node to node).
+    pub node: Option<String>,
 }
 
 /// What `top` needs of `plan.json`.
@@ -67,6 +71,7 @@ pub fn parse_plan(text: &str) -> Result<PlanInfo, serde_json::Error> {
             index: gpu["index"].as_u64().unwrap_or(0) as u32,
             name: gpu["name"].as_str().unwrap_or("GPU").to_string(),
             total_bytes: gpu["total_bytes"].as_u64().unwrap_or(0),
+            node: gpu["node"].as_str().map(str::to_string),
         })
         .collect();
     let replicas = plan["replicas"]
@@ -89,6 +94,7 @@ pub fn parse_plan(text: &str) -> Result<PlanInfo, serde_json::Error> {
                     .filter_map(|gpu| gpu["index"].as_u64().map(|i| i as u32))
                     .collect(),
                 budget_bytes: replica["budget_bytes"].as_u64().unwrap_or(0),
+                node: replica["node"].as_str().map(str::to_string),
             }
         })
         .collect();

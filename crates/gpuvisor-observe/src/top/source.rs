@@ -50,6 +50,8 @@ pub struct GpuSample {
     pub util_percent: Option<u8>,
     /// The processes holding memory on it.
     pub processes: Vec<GpuProcess>,
+    /// Its node, in a multi-node run's merged sample.
+    pub node: Option<String>,
 }
 
 /// Reads the GPUs of the machine (NVML or a simulated inventory); an error is shown in the
@@ -96,7 +98,7 @@ pub struct RunSource {
     probe: Option<GpuProbe>,
     plan: Option<PlanInfo>,
     procs: ProcStats,
-    util: BTreeMap<u32, VecDeque<u8>>,
+    util: BTreeMap<(Option<String>, u32), VecDeque<u8>>,
     events_cache: (Option<FileStamp>, Vec<Value>),
 }
 
@@ -251,13 +253,22 @@ impl TopSource for RunSource {
             },
         };
         for gpu in &plan.gpus {
-            let sample = samples.iter().find(|s| s.index == gpu.index);
-            let history = self.util.entry(gpu.index).or_default();
+            let sample = samples
+                .iter()
+                .find(|s| s.index == gpu.index && s.node == gpu.node);
+            let history = self
+                .util
+                .entry((gpu.node.clone(), gpu.index))
+                .or_default();
             push_util(history, sample.and_then(|s| s.util_percent));
             let segments = plan
                 .replicas
                 .iter()
-                .filter(|replica| replica.gpus.contains(&gpu.index) && replica.budget_bytes > 0)
+                .filter(|replica| {
+                    replica.gpus.contains(&gpu.index)
+                        && replica.node == gpu.node
+                        && replica.budget_bytes > 0
+                })
                 .map(|replica| {
                     let used = model
                         .rows
@@ -275,7 +286,10 @@ impl TopSource for RunSource {
                 .collect();
             model.gpus.push(GpuView {
                 index: gpu.index,
-                name: gpu.name.clone(),
+                name: match &gpu.node {
+                    Some(node) => format!("{} on {node}", gpu.name),
+                    None => gpu.name.clone(),
+                },
                 total_bytes: gpu.total_bytes,
                 used_bytes: sample.and_then(|s| s.used_bytes),
                 segments,
@@ -349,6 +363,7 @@ pub fn gpu_samples_of_snapshot(snapshot: &Value) -> Vec<GpuSample> {
                     .as_u64()
                     .map(|percent| percent.min(100) as u8),
                 processes: Vec::new(),
+                node: gpu["node"].as_str().map(str::to_string),
             })
         })
         .collect()

@@ -603,12 +603,13 @@ impl Context<'_> {
                                 failed_node = Some((
                                     index,
                                     "its processes failed (see its events)".to_string(),
+                                    "node-failed",
                                 ));
                             }
                         }
                         AgentMsg::Failed { message, .. } => {
                             over[index] = true;
-                            failed_node = Some((index, message));
+                            failed_node = Some((index, message, "node-failed"));
                         }
                         _ => {}
                     }
@@ -621,6 +622,7 @@ impl Context<'_> {
                             "its agent (pid {} on {}) is gone: the connection to it closed",
                             agents[index].pid, agents[index].node
                         ),
+                        "node-lost",
                     ));
                 }
                 Some(Input::FromAgent(_, _, None)) => {}
@@ -662,14 +664,14 @@ impl Context<'_> {
                             "no word from its agent for {:.0} s ([cluster] node_timeout)",
                             node_timeout.as_secs_f64()
                         ),
+                        "node-lost",
                     ));
                 }
             }
-            if let Some((index, why)) = failed_node {
+            if let Some((index, why, kind)) = failed_node {
                 let node = agents[index].node.clone();
-                let lost = end.done[index].is_none();
                 self.events.write(
-                    &Event::new(if lost { "node-lost" } else { "node-failed" })
+                    &Event::new(kind)
                         .with("node", node.clone())
                         .with("reason", why.clone()),
                 );
@@ -930,7 +932,7 @@ pub(crate) fn with_node(line: &str, node: &str) -> String {
 }
 
 /// The nodes' latest samples as one: GPUs and replicas in node order (the merged plan's
-/// order), GPU names marked with their node.
+/// order), each GPU marked with its node.
 fn merge_samples(samples: &[Option<Snapshot>], nodes: &[String]) -> Option<Snapshot> {
     let mut merged: Option<Snapshot> = None;
     for (sample, node) in samples.iter().zip(nodes) {
@@ -945,7 +947,7 @@ fn merge_samples(samples: &[Option<Snapshot>], nodes: &[String]) -> Option<Snaps
         target.time_unix_ms = target.time_unix_ms.max(sample.time_unix_ms);
         for gpu in &sample.gpus {
             let mut gpu = gpu.clone();
-            gpu.name = Some(format!("{} @{node}", gpu.name.as_deref().unwrap_or("GPU")));
+            gpu.node = Some(node.clone());
             target.gpus.push(gpu);
         }
         target.replicas.extend(sample.replicas.iter().cloned());

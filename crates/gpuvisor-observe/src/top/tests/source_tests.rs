@@ -256,6 +256,7 @@ fn machine_wide_rows_come_and_go_with_events() {
             used_bytes: Some(6 << 30),
             util_percent: None,
             processes,
+            node: None,
         }])
     });
     let mut source = MachineSource::new(probe, "simulated".into());
