@@ -131,8 +131,13 @@ def main():
         with open(options.raw, "w") as out:
             json.dump(ctx.raw, out, indent=1, default=str)
     print(report)
-    shutil.rmtree(ctx.work, ignore_errors=True)
-    return 0 if ctx.rows and all(row["verdict"] in ("PASS", "SKIP") for row in ctx.rows) else 1
+    passed = bool(ctx.rows) and all(row["verdict"] in ("PASS", "SKIP") for row in ctx.rows)
+    if passed:
+        shutil.rmtree(ctx.work, ignore_errors=True)
+    else:
+        print("gpu-validate: some checks failed; the work files (S3 run directory, logs) are kept in %s" % ctx.work,
+              file=sys.stderr)
+    return 0 if passed else 1
 
 
 if __name__ == "__main__":

@@ -20,6 +20,10 @@ GREEDY_REPLICA = 1
 ROLES = ("sim", "learner", "actor[0]", "actor[1]", "actor[2]")
 
 
+def number(value):
+    return "%.4g" % value if isinstance(value, (int, float)) else "-"
+
+
 def s3(ctx):
     work = os.path.join(ctx.work, "s3")
     out_dir, run_dir, job_path = os.path.join(work, "out"), os.path.join(work, "run"), os.path.join(work, "job.toml")
@@ -80,8 +84,16 @@ def s3(ctx):
             samples = sample_peaks(header, handle)
     except OSError:
         samples = {}
+    logs = {}
+    for label in ROLES:
+        try:
+            with open(os.path.join(run_dir, "logs", label + ".log"), errors="replace") as handle:
+                logs[label] = handle.read().splitlines()[-30:]
+        except OSError:
+            logs[label] = None
     ctx.raw["S3"] = {"results": results, "expected": expected, "ps_peaks": peaks, "sample_peaks": samples,
-                     "events": events, "exit": supervisor.returncode}
+                     "events": events, "exit": supervisor.returncode, "run_output": run_output[-4000:],
+                     "log_tails": logs}
     check_s3(ctx, run_command, supervisor.returncode, seconds, run_output, expected, results, events, peaks,
              samples, polls)
 
@@ -99,9 +111,11 @@ def check_s3(ctx, command, code, seconds, run_output, expected, results, events,
     trained = learner.get("backend") != "jax" or (learner.get("loss_last") or 1e9) < (learner.get("loss_first") or 0)
     ctx.row("S3 all run", command,
             "5 replicas run together and end well (the learner's loss falls); `gpuvisor run` exits 0",
-            "exit %s after %.0f s; %s%s; learner loss %s -> %s"
+            "exit %s after %.0f s; %s%s; %s"
             % (code, seconds, "failed: " + ", ".join(failed) if failed else "all 5 ok",
-               "; not on the GPU: %s" % off_gpu if off_gpu else "", learner.get("loss_first"), learner.get("loss_last"))
+               "; not on the GPU: %s" % off_gpu if off_gpu else "",
+               "learner loss %s -> %s" % (number(learner.get("loss_first")), number(learner.get("loss_last")))
+               if learner.get("backend") == "jax" else "learner: driver-API stand-in (no training)")
             + ("" if code == 0 else "; " + tail(run_output)),
             code == 0 and not failed and not off_gpu and trained)
 

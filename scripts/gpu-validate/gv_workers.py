@@ -18,6 +18,11 @@ from gv_common import ENV_EXACT, ENV_PREFIXES, GIB, MIB
 OUT_OF_MEMORY = 2  # CUDA_ERROR_OUT_OF_MEMORY
 
 
+def gpu_or(platform):
+    """JAX names CUDA devices' platform "gpu" (some builds "cuda"): one name for the checks."""
+    return "gpu" if platform in ("gpu", "cuda") else platform
+
+
 def emit(result):
     print("RESULT " + json.dumps(result), flush=True)
 
@@ -96,7 +101,7 @@ def jax_task(index, size_bytes, barrier_dir):
     result = {"index": index, "pid": os.getpid()}
     try:
         device = jax.devices()[0]
-        result["platform"] = device.platform
+        result["platform"] = gpu_or(device.platform)
         array = jnp.ones((size_bytes // 4,), dtype=jnp.float32)
         array.block_until_ready()
         stats = device.memory_stats() or {}
@@ -181,7 +186,7 @@ class JaxModel:
         self.x = jax.random.normal(data_key, (batch, width))
         self.y = jnp.tanh(self.x @ jax.random.normal(target_key, (width, 16)) / width ** 0.5)
         self.params = params
-        self.platform = jax.devices()[0].platform
+        self.platform = gpu_or(jax.devices()[0].platform)
 
         def loss(params, x, y):
             h = x
