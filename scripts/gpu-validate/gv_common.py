@@ -43,6 +43,8 @@ def parse_options(argv):
                         help="OVERHEAD: the C program (needs gcc), ctypes, or C when gcc exists")
     parser.add_argument("--rounds", type=int, default=3, help="THROUGHPUT: measured rounds per mode")
     parser.add_argument("--round-seconds", type=float, default=3.0, help="THROUGHPUT: seconds per round")
+    parser.add_argument("--throughput-models", default="",
+                        help="THROUGHPUT: comma-separated jax, torch, cpu (default jax,torch; cpu under --simulate)")
     parser.add_argument("--s3-seconds", type=float, default=12.0, help="S3: seconds each role runs at least")
     options = parser.parse_args(argv)
     if not options.report and not options.dry_run:

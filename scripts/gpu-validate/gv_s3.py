@@ -174,15 +174,18 @@ def check_s3(ctx, command, code, seconds, run_output, expected, results, events,
     denials = [event for event in events if event.get("kind") == "denial" and event.get("process") == greedy]
     other_denials = [event for event in events if event.get("kind") == "denial" and event.get("process") != greedy]
     went_on = {label: results[label].get("steps_after_oom", 0) for label in ROLES if label != greedy}
+    # The refusal is at the replica's own budget (the ledger's limit), not at the card's end.
+    limits = sorted({event.get("limit_bytes") for event in denials})
     passed = (oom.get("is_out_of_memory_error") and budget - slack <= allocated <= budget and bool(denials)
-              and not other_denials and all(steps >= 20 for steps in went_on.values())
+              and limits == [budget] and not other_denials and all(steps >= 20 for steps in went_on.values())
               and results[greedy].get("all_ready"))
     ctx.row("S3 refusal stays in one actor", command,
-            "%s: out-of-memory error after %s-%s; a denial event names it; the 4 others keep stepping"
-            % (greedy, gib(budget - slack), gib(budget)),
-            "%s: %s after %s (all running: %s); denial events: %d for it, %d for others; steps after: %s"
+            "%s: out-of-memory error after %s-%s; a denial event names it, at its budget; the 4 others keep "
+            "stepping" % (greedy, gib(budget - slack), gib(budget)),
+            "%s: %s after %s (all running: %s); denial events: %d for it (limit %s), %d for others; steps after: %s"
             % (greedy, oom.get("error"), gib(allocated), results[greedy].get("all_ready"), len(denials),
-               len(other_denials), ", ".join("%s %d" % item for item in went_on.items())),
+               ", ".join(gib(limit) for limit in limits if limit is not None) or "-", len(other_denials),
+               ", ".join("%s %d" % item for item in went_on.items())),
             bool(passed))
 
     # 5. Peaks within budgets, as gpuvisor ps (and the samples) show them.

@@ -269,7 +269,8 @@ def read_json(path):
 
 def throughput(ctx):
     options = ctx.options
-    frameworks = ["cpu"] if ctx.simulate else ["jax", "torch"]
+    frameworks = [name.strip() for name in options.throughput_models.split(",") if name.strip()] or \
+        (["cpu"] if ctx.simulate else ["jax", "torch"])
     budget = "%dGiB" % max(1, min(16, ctx.gpu_total // 4 // GIB))
     figures = []
     for framework in frameworks:
