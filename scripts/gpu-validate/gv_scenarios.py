@@ -220,12 +220,15 @@ def overhead(ctx):
         ctx.raw["OVERHEAD " + api] = {"wall": wall, "cpu": cpu_summary, "errors": errors}
         measured = wall["ratio"] is not None and not errors
         added = wall["shim"] - wall["bare"] if measured else None
+        # On the stand-in driver the figures only show the machinery works (docs/benchmarks.md has
+        # the shim's cost there, measured with care): no threshold under --simulate.
+        limit = "any" if ctx.simulate else "at most max(10%, 100 ns)"
         ctx.row("OVERHEAD %s (%s)" % (calls, impl), shim_command,
-                "%d x %d pairs of 1 MiB per process, %d processes per mode alternated; the shim adds at most "
-                "max(10%%, 100 ns) per pair" % (5, options.pairs, options.repeats),
+                "%d x %d pairs of 1 MiB per process, %d processes per mode alternated; the shim adds %s per pair"
+                % (5, options.pairs, options.repeats, limit),
                 ("%.0f ns/pair without, %.0f with the shim: %+.0f ns (x%.3f)"
                  % (wall["bare"], wall["shim"], added, wall["ratio"])) if measured else "; ".join(errors) or "no result",
-                measured and added <= max(0.10 * wall["bare"], 100.0))
+                measured and (ctx.simulate or added <= max(0.10 * wall["bare"], 100.0)))
         if measured:
             figures.append((calls, impl, "%d x %d" % (len(values["bare"]), options.pairs),
                             "%.0f" % wall["bare"], "%.0f" % wall["shim"], "%+.0f" % added, "%.3f" % wall["ratio"],
