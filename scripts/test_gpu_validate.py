@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 import unittest
 
 try:
@@ -203,6 +204,38 @@ class Report(unittest.TestCase):
         self.assertIn("1 passed, 1 failed, 1 other (skipped)", text)
         self.assertIn("## Figures\n\n| a | b |\n|---|---|\n| 1 | x\\|y |", text)
         self.assertTrue(text.startswith("# gpuvisor GPU validation\n\n- GPU 0\n"))
+
+
+class Running(unittest.TestCase):
+    def test_a_timeout_ends_the_whole_tree_and_keeps_the_output(self):
+        import gv_scenarios
+        options = common.parse_options(["report.md", "--timeout", "1"])
+        ctx = gv_scenarios.Context(options, "gpuvisor", os.path.join(HERE, "gpu-validate.py"), 80 * common.GIB)
+        try:
+            with tempfile.TemporaryDirectory() as work:
+                pid_file = os.path.join(work, "pid")
+                run = ctx.run(["sh", "-c", "echo started; sleep 60 & echo $! > %s; wait" % pid_file])
+                with open(pid_file) as handle:
+                    grandchild = int(handle.read())
+        finally:
+            os.rmdir(ctx.work)
+        self.assertEqual(run["code"], "timeout")
+        self.assertIn("started", run["stderr"])  # no RESULT line: stdout's tail is kept
+        self.assertFalse(alive(grandchild), "the background sleep outlived the timeout")
+
+
+def alive(pid, wait=5.0):
+    """Whether pid still runs after `wait` seconds (a zombie waiting to be reaped counts as gone)."""
+    deadline = time.time() + wait
+    while time.time() < deadline:
+        try:
+            with open("/proc/%d/stat" % pid) as handle:
+                if handle.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    return False
+        except OSError:
+            return False
+        time.sleep(0.05)
+    return True
 
 
 def run_script(*arguments, timeout=300):

@@ -5,6 +5,7 @@ adds rows (checks) and sections (figures) to the report through a Context.
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -69,13 +70,16 @@ class Context:
             print("$ " + self.show(command), flush=True)
             return {"code": None, "result": None, "summary": None, "stderr": "", "seconds": 0.0}
         started = time.time()
+        # Its own session, so a timeout ends the whole tree (JAX's joblib workers, torch's spawned
+        # children) and nothing is left holding GPU memory for the next scenario.
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                                   start_new_session=True)
         try:
-            done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=timeout or self.timeout)
-            code, stdout, stderr = done.returncode, done.stdout, done.stderr
-        except subprocess.TimeoutExpired as expired:
+            stdout, stderr = process.communicate(timeout=timeout or self.timeout)
+            code = process.returncode
+        except subprocess.TimeoutExpired:
             code = "timeout"
-            stdout, stderr = [text.decode(errors="replace") if isinstance(text, bytes) else (text or "")
-                              for text in (expired.stdout, expired.stderr)]
+            stdout, stderr = end_tree(process)
         return {"code": code, "result": parse_result(stdout), "summary": parse_summary(stderr),
                 "stderr": stderr + ("" if parse_result(stdout) is not None else stdout[-2000:]),
                 "seconds": time.time() - started}
@@ -87,6 +91,20 @@ class Context:
 
     def skip(self, name, why):
         self.rows.append({"name": name, "command": "-", "expected": "-", "observed": why, "verdict": "SKIP"})
+
+
+def end_tree(process):
+    """SIGTERM to a process's session (gpuvisor forwards it), SIGKILL after 10 s; its output."""
+    for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 30)):
+        try:
+            os.killpg(process.pid, sig)
+        except ProcessLookupError:
+            pass
+        try:
+            return process.communicate(timeout=wait)
+        except subprocess.TimeoutExpired:
+            continue
+    return "", ""
 
 
 def needs_frameworks(ctx, names):
@@ -255,12 +273,21 @@ def wait_for(path, processes, timeout):
 
 
 def stop_processes(processes, grace=30):
+    """Wait for processes started in their own sessions; end the trees of those that hang."""
+    deadline = time.time() + grace
     for process in processes:
         try:
-            process.wait(timeout=grace)
+            process.wait(timeout=max(1, deadline - time.time()))
         except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+            for sig in (signal.SIGTERM, signal.SIGKILL):
+                try:
+                    os.killpg(process.pid, sig)
+                    process.wait(timeout=10)
+                    break
+                except ProcessLookupError:
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
 
 
 def read_json(path):
@@ -292,8 +319,10 @@ def throughput(ctx):
             ctx.row(name, shim_command, "-", "-", None)
             continue
         logs = [open(os.path.join(control, "%s.log" % mode), "w") for mode in ("bare", "shim")]
-        processes = [subprocess.Popen(bare_command, env=ctx.bare_env(**same), stdout=logs[0], stderr=subprocess.STDOUT),
-                     subprocess.Popen(shim_command, env=ctx.clean_env(**same), stdout=logs[1], stderr=subprocess.STDOUT)]
+        processes = [subprocess.Popen(bare_command, env=ctx.bare_env(**same), stdout=logs[0], stderr=subprocess.STDOUT,
+                                      start_new_session=True),
+                     subprocess.Popen(shim_command, env=ctx.clean_env(**same), stdout=logs[1], stderr=subprocess.STDOUT,
+                                      start_new_session=True)]
         rates, problems, ready = {"bare": [], "shim": []}, [], {}
         try:
             for mode in ("bare", "shim"):
