@@ -75,7 +75,8 @@ def inventory(gpuvisor, options):
     except (OSError, ValueError, KeyError, StopIteration, subprocess.TimeoutExpired):
         if options.dry_run:
             return {"index": options.gpu, "name": "(unknown: dry run)", "total_bytes": 80 * GIB}, None
-        sys.exit("gpu-validate: `%s` found no GPU %d\n  hint: check the driver (nvidia-smi) or --gpu"
+        sys.exit("gpu-validate: `%s` found no GPU %d\n  hint: check the driver (nvidia-smi) or --gpu; "
+                 "--simulate 1x80GiB checks the script on a machine without a GPU"
                  % (" ".join(command), options.gpu))
 
 
