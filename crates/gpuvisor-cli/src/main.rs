@@ -16,9 +16,29 @@ use std::process::ExitCode;
 use clap::Parser;
 
 fn main() -> ExitCode {
+    quiet_on_broken_pipe();
     let cli = cli::Cli::parse();
     match commands::run(cli) {
         Ok(code) => code,
         Err(failure) => failure.report(),
     }
+}
+
+/// `gpuvisor ps --json | head`: when the reader stops reading, end quietly with the status a
+/// SIGPIPE would give, as shell tools do, instead of a panic message (Rust ignores SIGPIPE, so
+/// `println!` panics on the closed pipe).
+fn quiet_on_broken_pipe() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let payload = info.payload();
+        let message = payload
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| payload.downcast_ref::<&str>().copied())
+            .unwrap_or_default();
+        if message.starts_with("failed printing to std") && message.contains("Broken pipe") {
+            std::process::exit(141);
+        }
+        default(info)
+    }));
 }

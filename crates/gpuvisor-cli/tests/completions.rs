@@ -1,5 +1,6 @@
 //! `gpuvisor --version`, `gpuvisor completions SHELL` and `gpuvisor man`: the version carries
 //! the git revision, and the generated scripts and pages cover every command `--help` lists.
+//! Also: output into a pipe whose reader has gone ends quietly (status 141), not in a panic.
 
 mod util;
 
@@ -207,4 +208,27 @@ fn man_dir_writes_a_page_per_command() {
     );
     assert_eq!(run.code, Some(1));
     assert!(run.stderr.contains("no-such-dir") && run.stderr.contains("hint:"));
+}
+
+#[test]
+fn a_reader_that_stops_reading_ends_the_command_quietly() {
+    // `gpuvisor ps RUN --json | head -1`: the pipe closes before gpuvisor writes.
+    let run = tempfile::tempdir().unwrap();
+    std::fs::write(
+        run.path().join("events.jsonl"),
+        "{\"t\":\"2026-11-22T00:00:00.000Z\",\"kind\":\"start\",\"process\":\"a\",\"replica\":0,\"pid\":1}\n",
+    )
+    .unwrap();
+    let mut child = util::gpuvisor()
+        .args(["ps", "--json"])
+        .arg(run.path())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let output = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_eq!(output.status.code(), Some(141), "{stderr}");
 }

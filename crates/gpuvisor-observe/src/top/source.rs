@@ -256,10 +256,7 @@ impl TopSource for RunSource {
             let sample = samples
                 .iter()
                 .find(|s| s.index == gpu.index && s.node == gpu.node);
-            let history = self
-                .util
-                .entry((gpu.node.clone(), gpu.index))
-                .or_default();
+            let history = self.util.entry((gpu.node.clone(), gpu.index)).or_default();
             push_util(history, sample.and_then(|s| s.util_percent));
             let segments = plan
                 .replicas
