@@ -88,6 +88,8 @@ start_munge() {
 
 write_config() {
   local nodes=$1 port_base=$2 conf=$DIR/slurm.conf
+  # A fresh cluster each time: a reused DIR's saved state would bring back its old jobs.
+  rm -rf "$DIR"/{state,spool,run,log}
   mkdir -p "$DIR"/{state,spool,run,log,dev}
   for gpu in 0 1; do
     [ -c "$DIR/dev/nvidia$gpu" ] || mknod "$DIR/dev/nvidia$gpu" c 1 3
@@ -242,12 +244,28 @@ daemons_down() {
     [ -e "$file" ] && pids+=($(pid_if_named "$file" slurmd))
   done
   pids+=($(pid_if_named "$dir/run/slurmctld.pid" slurmctld))
-  # Job steps (slurmstepd, working in DIR/log like their slurmd) outlive their slurmd: they and
-  # the tasks under them are killed outright.
-  for pid in $(pgrep -x slurmstepd 2>/dev/null || true); do
-    case $(readlink "/proc/$pid/cwd" 2>/dev/null) in
-      "$dir"/*) kill -KILL $(descendants "$pid") "$pid" 2>/dev/null || true ;;
-    esac
+  # The daemons work in DIR/log, and so do their job steps (slurmstepd), which outlive slurmd:
+  # found that way too when pid files are gone (DIR removed by hand). Steps and the tasks under
+  # them are killed outright.
+  for name in slurmctld slurmd slurmstepd; do
+    for pid in $(pgrep -x "$name" 2>/dev/null || true); do
+      case $(readlink "/proc/$pid/cwd" 2>/dev/null) in
+        "$dir"/*)
+          if [ "$name" = slurmstepd ]; then
+            kill -KILL $(descendants "$pid") "$pid" 2>/dev/null || true
+          else
+            pids+=("$pid")
+          fi
+          ;;
+      esac
+    done
+  done
+  # Clients left waiting on this cluster (started with its SLURM_CONF) go too; srun takes a
+  # first TERM as "terminate the job" and waits, so KILL.
+  for pid in $(pgrep -x 'srun|salloc|sbatch|sattach' 2>/dev/null || true); do
+    if { tr '\0' '\n' <"/proc/$pid/environ"; } 2>/dev/null | grep -qxF "SLURM_CONF=$dir/slurm.conf"; then
+      kill -KILL "$pid" 2>/dev/null || true
+    fi
   done
   if [ -e "$dir/run/munged.started-by-us" ]; then
     pids+=($(pid_if_named /run/munge/munged.pid munged))

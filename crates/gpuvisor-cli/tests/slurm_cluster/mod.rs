@@ -10,8 +10,9 @@
 //! Tests run only with `GPUVISOR_SLURM_TESTS=1` (root, Debian: the script installs Slurm and
 //! munge with apt-get, makes network namespaces and edits /etc/hosts); otherwise `up` returns
 //! None after saying "skipped: ...". With it set, any failure panics with the script's output.
-//! One cluster at a time per test binary (a process-wide lock held until drop), and the script
-//! itself replaces whatever cluster an earlier run left, since names and addresses are fixed.
+//! One cluster at a time: a process-wide lock and a flock on /run/gpuvisor-slurm/lock, held
+//! until drop; the script itself replaces whatever cluster a crashed earlier run left, since
+//! names and addresses are fixed.
 
 #![allow(dead_code)]
 
@@ -37,6 +38,8 @@ pub struct SlurmCluster {
     node_names: Vec<String>,
     /// The exports of DIR/env (SLURM_CONF, GPUVISOR_SLURM_NODES, GPUVISOR_SLURM_CTL_ADDR).
     env: Vec<(String, String)>,
+    /// Dropped after `down`: the cross-process lock, then the in-process one.
+    _across_processes: nix::fcntl::Flock<std::fs::File>,
     _one_at_a_time: MutexGuard<'static, ()>,
 }
 
@@ -86,6 +89,7 @@ impl SlurmCluster {
         let guard = ONE_CLUSTER_AT_A_TIME
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let across_processes = lock_across_processes();
         let dir = tempfile::Builder::new()
             .prefix("gpuvisor-slurm-")
             .tempdir()
@@ -111,6 +115,7 @@ impl SlurmCluster {
             env: Vec::new(),
             dir,
             node_names,
+            _across_processes: across_processes,
             _one_at_a_time: guard,
         };
         if !output.status.success() {
@@ -314,6 +319,22 @@ impl Drop for SlurmCluster {
             }
         }
     }
+}
+
+/// An exclusive flock on /run/gpuvisor-slurm/lock, so test binaries run in parallel (nextest)
+/// also take turns: `up` replaces any cluster it finds.
+fn lock_across_processes() -> nix::fcntl::Flock<std::fs::File> {
+    let path = Path::new("/run/gpuvisor-slurm/lock");
+    std::fs::create_dir_all(path.parent().expect("a parent directory"))
+        .unwrap_or_else(|error| panic!("cannot create /run/gpuvisor-slurm: {error}"));
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)
+        .unwrap_or_else(|error| panic!("cannot open {}: {error}", path.display()));
+    nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive)
+        .unwrap_or_else(|(_, errno)| panic!("cannot lock {}: {errno}", path.display()))
 }
 
 /// `export NAME=VALUE` lines (VALUE possibly in double quotes) of the script's DIR/env.
