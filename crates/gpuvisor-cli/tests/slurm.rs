@@ -183,3 +183,41 @@ fn jax_all_gathers_across_three_nodes_under_plain_srun() {
         }
     }
 }
+
+#[test]
+fn a_killed_node_loses_its_tasks_and_its_slurmd() {
+    let Some(cluster) = SlurmCluster::up(3) else {
+        return;
+    };
+    let mut srun = cluster
+        .command("srun")
+        .args(["-N3", "sleep", "60"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("srun starts");
+    let deadline = Instant::now() + SRUN_LIMIT;
+    while cluster.node_pids_named("n2", "sleep").is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "no task on n2:\n{}",
+            cluster.log_tails()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(cluster.node_pids_named("n2", "slurmd").len(), 1);
+    cluster.kill_node("n2");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !cluster.node_pids("n2").is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "n2 still runs {:?}",
+            cluster.node_pids("n2")
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // The other nodes keep their tasks.
+    assert_eq!(cluster.node_pids_named("n1", "sleep").len(), 1);
+    let _ = srun.kill();
+    let _ = srun.wait();
+}

@@ -180,6 +180,30 @@ impl SlurmCluster {
             .collect()
     }
 
+    /// The pids in node `node`'s namespace whose command name (`/proc/PID/comm`, at most 15
+    /// bytes) is `name`: `cluster.node_pids_named("n2", "gpuvisor")` finds n2's agent.
+    pub fn node_pids_named(&self, node: &str, name: &str) -> Vec<u32> {
+        self.node_pids(node)
+            .into_iter()
+            .filter(|pid| {
+                std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                    .is_ok_and(|comm| comm.trim_end() == name)
+            })
+            .collect()
+    }
+
+    /// Node `node` disappears: SIGKILL to everything in its namespace (slurmd, job steps,
+    /// tasks). Slurm marks it down after SlurmdTimeout (30 s); the cluster still tears down.
+    pub fn kill_node(&self, node: &str) {
+        for pid in self.node_pids(node) {
+            // The process may have exited since it was listed.
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
+
     /// Node names as Slurm knows them: `["localhost"]` or `["n1", "n2", "n3"]`.
     pub fn node_names(&self) -> Vec<String> {
         self.node_names.clone()
