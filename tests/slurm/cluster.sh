@@ -17,11 +17,13 @@
 #     `nsenter --net=/run/netns/nI CMD` (e.g. `ip route del ...` to cut it off).
 #   --port-base P: SlurmctldPort=P, SlurmdPort=P+1 (default 17817), so that a stale cluster cannot
 #     collide with a new one.
-# down: stops every daemon that up started (by pid file, checking the process name first), deletes
-# the namespaces, veths, bridge and /etc/hosts block. Idempotent; it also cleans what a crashed
-# earlier `up` left (every DIR that up started is listed in /run/gpuvisor-slurm/dirs until its down).
-# up runs that cleanup first too: the bridge, namespace names and addresses are fixed, so only one
-# cluster runs at a time.
+# down: stops every daemon that up started (by pid file, checking the process name first; munged
+# only if up started it), kills job steps and waiting srun clients of the cluster, deletes the
+# namespaces (and whatever still runs in them), veths, bridge and /etc/hosts block. Idempotent; it
+# also cleans what a crashed earlier `up` left (every DIR that up started is listed in
+# /run/gpuvisor-slurm/dirs until its down). up runs that cleanup first too: the bridge, namespace
+# names and addresses are fixed, so only one cluster runs at a time. Each up starts from an empty
+# Slurm state (no jobs of an earlier cluster in the same DIR).
 #
 # Why nsenter and not `ip netns exec`: the latter remounts /sys in a new mount namespace, which hides
 # /sys/fs/cgroup, and slurmd then fails to initialise. Why SlurmdParameters=config_overrides: each
@@ -35,9 +37,11 @@ readonly HOSTS_BEGIN="# >>> gpuvisor slurm test cluster (tests/slurm/cluster.sh)
 readonly HOSTS_END="# <<< gpuvisor slurm test cluster <<<"
 readonly REGISTRY=/run/gpuvisor-slurm/dirs
 readonly CPUS=8
+# Present while a munged that up started runs (down stops it; a crashed run's is reused).
+readonly MUNGED_OURS=/run/gpuvisor-slurm/munged.started
 
 usage() {
-  sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//' >&2
+  sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//' >&2
   exit 2
 }
 
@@ -78,9 +82,10 @@ start_munge() {
   mkdir -p /run/munge /var/lib/munge /var/log/munge
   chown munge:munge /run/munge /var/lib/munge /var/log/munge
   chmod 0755 /run/munge
+  mkdir -p "$(dirname "$MUNGED_OURS")"
   # A munged that died leaves its socket lock behind; --force starts over it.
   runuser -u munge -- /usr/sbin/munged --force
-  for _ in $(seq 50); do munge_works && { touch "$DIR/run/munged.started-by-us"; return; }; sleep 0.1; done
+  for _ in $(seq 50); do munge_works && { touch "$MUNGED_OURS"; return; }; sleep 0.1; done
   die "munged started but munge -n | unmunge still fails; hint: see /var/log/munge/munged.log"
 }
 
@@ -267,10 +272,6 @@ daemons_down() {
       kill -KILL "$pid" 2>/dev/null || true
     fi
   done
-  if [ -e "$dir/run/munged.started-by-us" ]; then
-    pids+=($(pid_if_named /run/munge/munged.pid munged))
-    rm -f "$dir/run/munged.started-by-us"
-  fi
   stop_pids "${pids[@]}"
 }
 
@@ -364,6 +365,10 @@ cmd_down() {
   daemons_down "$DIR"
   registry_remove "$DIR"
   clean_all
+  if [ -e "$MUNGED_OURS" ]; then
+    stop_pids $(pid_if_named /run/munge/munged.pid munged)
+    rm -f "$MUNGED_OURS"
+  fi
 }
 
 [ $# -ge 2 ] || usage
