@@ -132,6 +132,36 @@ fn a_node_cut_off_from_the_others_cannot_reach_them() {
     );
 }
 
+/// The JSON lines of allgather.py: one per process, ids 0..n, on `hosts`, each holding every
+/// process's value (id * 101).
+fn check_allgather(stdout: &str, processes: u64, hosts: &[&str]) {
+    let records: Vec<serde_json::Value> = stdout
+        .lines()
+        .filter(|line| line.starts_with('{'))
+        .map(|line| serde_json::from_str(line).expect("a JSON line"))
+        .collect();
+    assert_eq!(
+        records.len() as u64,
+        processes,
+        "one line per process:\n{stdout}"
+    );
+    let ids: BTreeSet<u64> = records
+        .iter()
+        .map(|record| record["process_id"].as_u64().unwrap())
+        .collect();
+    let seen_hosts: BTreeSet<&str> = records
+        .iter()
+        .map(|record| record["host"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, (0..processes).collect(), "{stdout}");
+    assert_eq!(seen_hosts, hosts.iter().copied().collect(), "{stdout}");
+    let expected: Vec<u64> = (0..processes).map(|id| id * 101).collect();
+    for record in &records {
+        assert_eq!(record["num_processes"], processes, "{record}");
+        assert_eq!(record["gathered"], serde_json::json!(expected), "{record}");
+    }
+}
+
 #[test]
 fn jax_all_gathers_across_three_nodes_under_plain_srun() {
     let Some(python) = jax_python() else {
@@ -140,8 +170,8 @@ fn jax_all_gathers_across_three_nodes_under_plain_srun() {
     let Some(cluster) = SlurmCluster::up(3) else {
         return;
     };
-    // Explicit rendezvous (from the Slurm env, computed in the worker), then jax's own
-    // Slurm detection (plain initialize()).
+    // One process per task: explicit rendezvous computed from the Slurm env in the worker, then
+    // jax's own Slurm detection (plain initialize()).
     for mode in ["slurm", "auto"] {
         let started = Instant::now();
         let stdout = cluster.stdout_of(
@@ -157,31 +187,23 @@ fn jax_all_gathers_across_three_nodes_under_plain_srun() {
             "slurm: jax all-gather ({mode}) over 3 nodes took {:.2} s",
             started.elapsed().as_secs_f64()
         );
-        let records: Vec<serde_json::Value> = stdout
-            .lines()
-            .filter(|line| line.starts_with('{'))
-            .map(|line| serde_json::from_str(line).expect("a JSON line"))
-            .collect();
-        assert_eq!(records.len(), 3, "one line per process:\n{stdout}");
-        let ids: BTreeSet<u64> = records
-            .iter()
-            .map(|record| record["process_id"].as_u64().unwrap())
-            .collect();
-        let hosts: BTreeSet<&str> = records
-            .iter()
-            .map(|record| record["host"].as_str().unwrap())
-            .collect();
-        assert_eq!(ids, BTreeSet::from([0, 1, 2]), "{stdout}");
-        assert_eq!(hosts, BTreeSet::from(["n1", "n2", "n3"]), "{stdout}");
-        for record in &records {
-            assert_eq!(record["num_processes"], 3, "{record}");
-            assert_eq!(
-                record["gathered"],
-                serde_json::json!([0, 101, 202]),
-                "{record}"
-            );
-        }
+        check_allgather(&stdout, 3, &["n1", "n2", "n3"]);
     }
+    // What gpuvisor does: one task per node starting two processes, each told its rendezvous
+    // through JAX_COORDINATOR_ADDRESS/JAX_NUM_PROCESSES/JAX_PROCESS_ID (SLURM_PROCID is shared).
+    let script = format!(
+        "for local in 0 1; do JAX_COORDINATOR_ADDRESS=n1:29611 JAX_NUM_PROCESSES=6 \
+           JAX_PROCESS_ID=$((SLURM_NODEID * 2 + local)) {} {} --timeout 60 & done; wait",
+        python.display(),
+        allgather_script().display()
+    );
+    let stdout = cluster.stdout_of(
+        cluster
+            .command("srun")
+            .args(["-N3", "--ntasks-per-node=1", "bash", "-c", &script]),
+        Duration::from_secs(180),
+    );
+    check_allgather(&stdout, 6, &["n1", "n2", "n3"]);
 }
 
 #[test]
