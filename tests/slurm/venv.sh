@@ -7,7 +7,7 @@
 # jax is pinned: 0.10.2 was checked here with CPU multi-process collectives (gloo) across three
 # Slurm nodes, with explicit jax.distributed.initialize(coordinator_address=..., num_processes=...,
 # process_id=...) and with plain initialize() (Slurm auto-detection); see tests/slurm/allgather.py.
-# PYTHON picks the interpreter (default python3; jax 0.10 needs Python >= 3.11).
+# PYTHON picks the interpreter (default python3; checked with Python 3.11, which jax 0.10 supports).
 set -euo pipefail
 readonly JAX_VERSION=0.10.2
 [ $# -eq 1 ] || { sed -n '2,6p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
