@@ -425,3 +425,32 @@ after = ["learner"]
         .iter()
         .all(|gate| gate["process"] == "learner" && gate["ready"] == true));
 }
+
+#[test]
+fn a_node_that_falls_silent_is_lost_after_node_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let (child, run) = start_long(dir.path(), "node_timeout = \"2s\"");
+    let pid = agent_pid(&run, "127.0.0.2");
+    // A frozen machine: the agent's connection stays open but nothing comes from it.
+    Command::new("kill")
+        .args(["-STOP", &pid.to_string()])
+        .status()
+        .unwrap();
+    let started = Instant::now();
+    let (code, stderr) = wait_output(child);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(started.elapsed() < Duration::from_secs(30), "{stderr}");
+    assert!(
+        stderr.contains("node 127.0.0.2: no word from its agent for 2 s"),
+        "{stderr}"
+    );
+    let events = events(&run);
+    let lost = events.iter().find(|e| e["kind"] == "node-lost").unwrap();
+    assert_eq!(lost["node"], "127.0.0.2");
+    // The frozen agent was ended with its srun, not left behind.
+    let alive = Path::new(&format!("/proc/{pid}")).exists()
+        && !std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .unwrap_or_default()
+            .contains(") Z ");
+    assert!(!alive, "agent {pid} still there");
+}

@@ -47,6 +47,9 @@ pub enum IncidentKind {
     Violation,
     /// Over its budget (seen by the sampler).
     BudgetExceeded,
+    /// A multi-node run lost a node (its agent went away or fell silent), a node's processes
+    /// failed, or the preflight found a node that cannot reach a coordinator.
+    Node,
 }
 
 /// One process on the GPU at an incident.
@@ -135,7 +138,11 @@ pub fn explain_run(record: &RunRecord) -> RunExplanation {
         let Some((kind, what)) = incident_of(event) else {
             continue;
         };
-        let label = event.label.clone().unwrap_or_default();
+        let label = match kind {
+            IncidentKind::Node if event.kind == "preflight-failed" => "preflight".to_string(),
+            IncidentKind::Node => format!("node {}", event.text("node").unwrap_or("?")),
+            _ => event.label.clone().unwrap_or_default(),
+        };
         let gpu = gpu_of(record, event, kind);
         let time_unix_ms = happened_at(&record.events[..at], event);
         let mut incident = Incident {
@@ -292,6 +299,32 @@ fn incident_of(event: &RunEvent) -> Option<(IncidentKind, String)> {
             IncidentKind::BudgetExceeded,
             format!("went over its budget{}", detail(event)),
         ),
+        "node-lost" => (IncidentKind::Node, format!("was lost: {}", reason())),
+        "node-failed" => (IncidentKind::Node, format!("failed: {}", reason())),
+        "preflight-failed" => {
+            let pairs: Vec<String> = event
+                .fields
+                .get("unreachable")
+                .and_then(|pairs| pairs.as_array())
+                .into_iter()
+                .flatten()
+                .map(|pair| {
+                    format!(
+                        "{} cannot reach {}'s coordinator at {} ({})",
+                        pair["node"].as_str().unwrap_or("?"),
+                        pair["world"].as_str().unwrap_or("?"),
+                        pair["coordinator"].as_str().unwrap_or("?"),
+                        pair["error"].as_str().unwrap_or("?")
+                    )
+                })
+                .collect();
+            let what = if pairs.is_empty() {
+                reason().lines().next().unwrap_or("").to_string()
+            } else {
+                pairs.join("; ")
+            };
+            (IncidentKind::Node, format!("failed the preflight: {what}"))
+        }
         _ => return None,
     })
 }
@@ -320,7 +353,10 @@ fn gpu_of(record: &RunRecord, event: &RunEvent, kind: IncidentKind) -> Option<u3
     }
     if matches!(
         kind,
-        IncidentKind::Violation | IncidentKind::Blocked | IncidentKind::CrashLoop
+        IncidentKind::Violation
+            | IncidentKind::Blocked
+            | IncidentKind::CrashLoop
+            | IncidentKind::Node
     ) {
         return None;
     }
@@ -621,6 +657,11 @@ fn hint_for(origin: &Incident) -> String {
             origin.replica
         ),
         IncidentKind::Blocked => "what it waits for never became ready: start with the failure of that process".to_string(),
+        IncidentKind::Node if origin.what.starts_with("failed the preflight") => "a node cannot reach a coordinator, so its processes would hang at their first collective: check the routes and firewalls between the nodes named (docs/cluster.md#preflight)".to_string(),
+        IncidentKind::Node => format!(
+            "{}: its own record is in nodes/ of the run and its processes' logs in logs/; Slurm says more about the node (`sacct -j JOB`, `scontrol show node`, its slurmd log); `[cluster] on_node_failure = \"restart\"` restarts the job instead of stopping it",
+            origin.replica
+        ),
         _ => format!("its log says why: `gpuvisor explain RUN/logs/{log}` (its findings are below)"),
     }
 }

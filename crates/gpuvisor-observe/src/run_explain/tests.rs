@@ -300,3 +300,44 @@ fn an_upstream_failure_recorded_just_after_still_explains_a_dependant() {
         explanation.incidents[0]
     );
 }
+
+#[test]
+fn a_lost_node_and_a_failed_preflight_are_failures_with_their_own_hints() {
+    let mut events = starts();
+    events.push(json!({"t": at(3_000), "kind": "node-lost", "node": "n2",
+        "reason": "its agent (pid 42 on n2) is gone: the connection to it closed"}));
+    events.push(json!({"t": at(3_100), "kind": "job-end", "status": 1}));
+    let explanation = explain_run(&record(&events, None));
+    assert_eq!(
+        explanation.incidents.len(),
+        1,
+        "{:?}",
+        explanation.incidents
+    );
+    let lost = &explanation.incidents[0];
+    assert_eq!(lost.kind, IncidentKind::Node);
+    assert_eq!(lost.replica, "node n2");
+    assert!(
+        lost.what.starts_with("was lost: its agent (pid 42 on n2)"),
+        "{}",
+        lost.what
+    );
+    assert!(lost.gpu.is_none());
+    assert!(
+        explanation.chains[0].hint.contains("nodes/"),
+        "{}",
+        explanation.chains[0].hint
+    );
+
+    let preflight = vec![json!({"t": at(100), "kind": "preflight-failed",
+        "unreachable": [{"node": "n3", "world": "learner", "coordinator": "n1:4000",
+                         "error": "No route to host"}]})];
+    let explanation = explain_run(&record(&preflight, None));
+    let failed = &explanation.incidents[0];
+    assert_eq!(failed.replica, "preflight");
+    assert_eq!(
+        failed.what,
+        "failed the preflight: n3 cannot reach learner's coordinator at n1:4000 (No route to host)"
+    );
+    assert!(explanation.chains[0].hint.contains("routes and firewalls"));
+}
