@@ -5,6 +5,7 @@
 
 mod util;
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -96,15 +97,13 @@ memory = "1GiB"
     )
     .unwrap();
     let run = dir.path().join("run");
+    let srun_args = dir.path().join("srun-args");
     let output = in_allocation(THREE, &bin)
-        .args([
-            "run",
-            job.to_str().unwrap(),
-            "--simulate",
-            "1x24GiB",
-            "--run-dir",
-        ])
+        .args(["run", job.to_str().unwrap(), "--simulate", "1x24GiB"])
+        .arg("--srun-arg=--mpi=none")
+        .arg("--run-dir")
         .arg(&run)
+        .env("FAKE_SRUN_ARGS", &srun_args)
         .current_dir(dir.path())
         .output()
         .unwrap();
@@ -115,6 +114,13 @@ memory = "1GiB"
         "{stderr}"
     );
     assert!(stderr.contains("preflight"), "{stderr}");
+    let srun = std::fs::read_to_string(&srun_args).unwrap();
+    assert!(
+        srun.starts_with("--nodes=3 --ntasks=3 --ntasks-per-node=1 --kill-on-bad-exit=0"),
+        "{srun}"
+    );
+    assert!(srun.contains(" --mpi=none "), "{srun}");
+    assert!(srun.contains(" __agent --head 127.0.0.1:"), "{srun}");
 
     // JAX world: one process per node, ranks 0..3, coordinator on the first node.
     for rank in 0..3 {
@@ -453,4 +459,49 @@ fn a_node_that_falls_silent_is_lost_after_node_timeout() {
             .unwrap_or_default()
             .contains(") Z ");
     assert!(!alive, "agent {pid} still there");
+}
+
+#[test]
+fn restart_and_stop_of_one_process_reach_every_node_that_runs_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (child, run) = start_long(dir.path(), "");
+    let restart = util::gpuvisor()
+        .arg("restart")
+        .arg(&run)
+        .arg("worker")
+        .output()
+        .unwrap();
+    assert!(
+        restart.status.success(),
+        "{}",
+        String::from_utf8_lossy(&restart.stderr)
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let restarted: BTreeSet<String> = events(&run)
+            .iter()
+            .filter(|e| e["kind"] == "restart" && e["reason"] == "requested")
+            .map(|e| e["node"].as_str().unwrap().to_string())
+            .collect();
+        if restarted.len() == 3 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "restarted on {restarted:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // An unknown process is refused by the head, naming the job's processes.
+    let refused = util::gpuvisor()
+        .arg("stop")
+        .arg(&run)
+        .arg("wroker")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "{stderr}");
+    assert!(stderr.contains("no process `wroker`"), "{stderr}");
+    assert!(stderr.contains("processes are: worker"), "{stderr}");
+    let stop = util::gpuvisor().arg("stop").arg(&run).output().unwrap();
+    assert!(stop.status.success());
+    let (code, stderr) = wait_output(child);
+    assert_eq!(code, Some(0), "{stderr}");
 }

@@ -64,6 +64,10 @@ pub struct RunArgs {
     /// node through srun.
     #[arg(long)]
     pub local: bool,
+    /// Under Slurm, an extra argument for the srun that starts the agents (repeatable), e.g.
+    /// `--srun-arg=--mpi=none`.
+    #[arg(long = "srun-arg", value_name = "ARG", allow_hyphen_values = true)]
+    pub srun_args: Vec<String>,
     /// GPU source.
     #[command(flatten)]
     pub inventory: InventoryArgs,

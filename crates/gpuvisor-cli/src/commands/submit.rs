@@ -27,6 +27,10 @@ pub struct SubmitArgs {
     /// Do not copy the processes' output to Slurm's output file (the logs keep it all).
     #[arg(long, short)]
     pub quiet: bool,
+    /// An extra argument for the srun that starts the agents (repeatable), passed on to
+    /// `run --srun-arg`.
+    #[arg(long = "srun-arg", value_name = "ARG", allow_hyphen_values = true)]
+    pub srun_args: Vec<String>,
     /// GPU source (passed on to `run` on the nodes).
     #[command(flatten)]
     pub inventory: InventoryArgs,
@@ -48,6 +52,7 @@ pub fn batch_script(
     run_dir: &Path,
     simulate: Option<&str>,
     quiet: bool,
+    srun_args: &[String],
 ) -> String {
     let mut run = vec![
         shell_quote(&gpuvisor.display().to_string()),
@@ -62,6 +67,9 @@ pub fn batch_script(
     }
     if quiet {
         run.push("--quiet".to_string());
+    }
+    for arg in srun_args {
+        run.push(shell_quote(&format!("--srun-arg={arg}")));
     }
     format!(
         "#!/bin/sh\n\
@@ -93,6 +101,7 @@ pub fn submit(args: SubmitArgs) -> Result<ExitCode, Failure> {
         &run_dir,
         args.inventory.simulate.as_deref(),
         args.quiet,
+        &args.srun_args,
     );
     let script_path = run_dir.join("job.sbatch");
     let mut sbatch = Command::new("sbatch");
@@ -176,12 +185,13 @@ mod tests {
             Path::new("/home/a/runs/rl-1"),
             Some("2x80GiB"),
             false,
+            &["--mpi=none".to_string()],
         );
         assert!(script.starts_with("#!/bin/sh\n"), "{script}");
         assert!(script.contains("#SBATCH --job-name=rl\n"), "{script}");
         assert!(script.contains("#SBATCH --output=/home/a/runs/rl-1/slurm-%j.out\n"));
         assert!(script.ends_with(
-            "exec '/opt/gpu visor/gpuvisor' run '/home/a/it'\\''s.toml' --run-dir '/home/a/runs/rl-1' --simulate '2x80GiB'\n"
+            "exec '/opt/gpu visor/gpuvisor' run '/home/a/it'\\''s.toml' --run-dir '/home/a/runs/rl-1' --simulate '2x80GiB' '--srun-arg=--mpi=none'\n"
         ), "{script}");
     }
 }

@@ -150,9 +150,16 @@ pub fn head(args: &RunArgs, job: JobSpec, allocation: Allocation) -> Result<Exit
     let mut round = 0u32;
     let (status, rows) = loop {
         let token = new_token()?;
-        let mut srun = srun_command(&srun, nodes.len(), &gpuvisor, &head, &token, &[])
-            .spawn()
-            .map_err(|error| Failure::unavailable(format!("cannot start srun: {error}")))?;
+        let mut srun = srun_command(
+            &srun,
+            nodes.len(),
+            &gpuvisor,
+            &head,
+            &token,
+            &args.srun_args,
+        )
+        .spawn()
+        .map_err(|error| Failure::unavailable(format!("cannot start srun: {error}")))?;
         context.round = round;
         let agents = match context.start_round(round, &token, &mut srun) {
             Ok(agents) => agents,
