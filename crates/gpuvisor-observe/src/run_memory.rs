@@ -96,13 +96,16 @@ impl MemorySeries {
             .plan
             .gpus
             .iter()
-            .map(|gpu| {
+            .enumerate()
+            .map(|(gpu_at, gpu)| {
                 let layers: Vec<Layer> = record
                     .plan
                     .replicas
                     .iter()
                     .enumerate()
-                    .filter(|(_, r)| r.gpus.iter().any(|placed| placed.index == gpu.index))
+                    .filter(|(_, r)| {
+                        r.node == gpu.node && r.gpus.iter().any(|placed| placed.index == gpu.index)
+                    })
                     .map(|(index, replica)| {
                         let share = replica.gpus.len().max(1) as u64;
                         Layer {
@@ -129,11 +132,20 @@ impl MemorySeries {
                 let overhead: Vec<u64> = (0..samples.records.len())
                     .map(|at| sum_of(&beyond_ledger, at))
                     .collect();
+                // The n-th GPU of the plan with this UUID is the n-th row with it (simulated
+                // nodes of a multi-node run may repeat UUIDs).
+                let nth = record.plan.gpus[..gpu_at]
+                    .iter()
+                    .filter(|earlier| earlier.uuid == gpu.uuid)
+                    .count();
                 let row = samples
                     .header
                     .gpus
                     .iter()
-                    .position(|uuid| !uuid.is_empty() && *uuid == gpu.uuid);
+                    .enumerate()
+                    .filter(|(_, uuid)| !uuid.is_empty() && **uuid == gpu.uuid)
+                    .nth(nth)
+                    .map(|(row, _)| row);
                 let other_bytes = row.map(|row| {
                     samples
                         .records
@@ -149,7 +161,10 @@ impl MemorySeries {
                 });
                 GpuSeries {
                     gpu_index: gpu.index,
-                    name: gpu.name.clone(),
+                    name: match &gpu.node {
+                        Some(node) => format!("{} on {node}", gpu.name),
+                        None => gpu.name.clone(),
+                    },
                     total_bytes: gpu.total_bytes,
                     layers,
                     overhead_bytes: overhead.iter().any(|&b| b > 0).then_some(overhead),
@@ -303,6 +318,82 @@ fn replica_bytes(record: &RunRecord, samples: &RunSamples) -> ReplicaRows {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn on_several_nodes_each_gpu_shows_its_own_nodes_replicas() {
+        use crate::run_record::{RunEvent, RunPlan, RunSamples};
+        use gpuvisor_supervisor::samples::{GpuPoint, Header, Record, ReplicaPoint};
+        const GIB: u64 = 1 << 30;
+        // GPU 0 of n1 and GPU 0 of n2 (simulated nodes: the same UUID), a learner on each.
+        let plan: RunPlan = serde_json::from_value(serde_json::json!({
+            "job": "multi",
+            "gpus": [
+                {"index": 0, "uuid": "GPU-x", "name": "H100", "total_bytes": 80 * GIB, "node": "n1"},
+                {"index": 0, "uuid": "GPU-x", "name": "H100", "total_bytes": 80 * GIB, "node": "n2"}
+            ],
+            "replicas": [
+                {"process": "learner", "replica": 0, "replicas": 2, "gpus": [{"index": 0}],
+                 "budget_bytes": 10 * GIB, "node": "n1"},
+                {"process": "learner", "replica": 1, "replicas": 2, "gpus": [{"index": 0}],
+                 "budget_bytes": 10 * GIB, "node": "n2"}
+            ]
+        }))
+        .unwrap();
+        let events = ["learner[0]", "learner[1]"]
+            .iter()
+            .map(|label| {
+                let line = format!(
+                    r#"{{"t":"2026-11-22T00:00:00.000Z","kind":"start","process":"{label}","life":1}}"#
+                );
+                RunEvent::from_line(&line).unwrap()
+            })
+            .collect();
+        let point = |bytes| ReplicaPoint {
+            ledger_bytes: Some(bytes),
+            ..ReplicaPoint::default()
+        };
+        let gpu = |used_bytes| GpuPoint {
+            used_bytes,
+            utilization_percent: None,
+        };
+        let samples = RunSamples {
+            header: Header {
+                job: "multi".into(),
+                interval_ms: 1000,
+                gpus: vec!["GPU-x".into(), "GPU-x".into()],
+                replicas: vec!["learner[0]".into(), "learner[1]".into()],
+            },
+            records: vec![Record {
+                time_unix_ms: 1_795_305_600_000,
+                ticks: 1,
+                gpus: vec![gpu(5 * GIB), gpu(7 * GIB)],
+                replicas: vec![point(GIB), point(2 * GIB)],
+            }],
+        };
+        let record = RunRecord {
+            dir: "runs/multi".into(),
+            plan,
+            events,
+            samples: Some(samples),
+        };
+        let series = MemorySeries::of(&record);
+        let names: Vec<&str> = series.gpus.iter().map(|gpu| gpu.name.as_str()).collect();
+        assert_eq!(names, ["H100 on n1", "H100 on n2"]);
+        let layers: Vec<Vec<&str>> = series
+            .gpus
+            .iter()
+            .map(|gpu| {
+                gpu.layers
+                    .iter()
+                    .map(|layer| layer.label.as_str())
+                    .collect()
+            })
+            .collect();
+        assert_eq!(layers, [vec!["learner[0]"], vec!["learner[1]"]]);
+        // Each GPU's own sample row: n2's GPU held 7 GiB, 2 GiB of it the learner's.
+        assert_eq!(series.gpus[1].other_bytes, Some(vec![5 * GIB]));
+        assert_eq!(series.gpus[0].other_bytes, Some(vec![4 * GIB]));
+    }
 
     #[test]
     fn downsampling_keeps_the_peaks_and_bounds_the_points() {

@@ -46,6 +46,9 @@ pub struct PlanGpu {
     /// Memory size, bytes.
     #[serde(default)]
     pub total_bytes: u64,
+    /// Its node, in a multi-node run (GPU indexes repeat from node to node).
+    #[serde(default)]
+    pub node: Option<String>,
 }
 
 /// A GPU a replica is placed on.
@@ -78,6 +81,9 @@ pub struct PlanReplica {
     /// Processes it starts after.
     #[serde(default)]
     pub after: Vec<String>,
+    /// Its node, in a multi-node run.
+    #[serde(default)]
+    pub node: Option<String>,
 }
 
 fn one() -> u32 {
@@ -365,6 +371,7 @@ mod tests {
             gpus: vec![],
             budget_bytes: 0,
             after: vec![],
+            node: None,
         };
         assert_eq!(replica(4).label(), "actor[2]");
         assert_eq!(replica(1).label(), "actor");
