@@ -31,6 +31,8 @@ pub struct Layer {
 pub struct GpuSeries {
     /// The GPU's index in the plan.
     pub gpu_index: u32,
+    /// Its node, in a multi-node run.
+    pub node: Option<String>,
     /// Its name.
     pub name: String,
     /// Memory size, bytes.
@@ -161,6 +163,7 @@ impl MemorySeries {
                 });
                 GpuSeries {
                     gpu_index: gpu.index,
+                    node: gpu.node.clone(),
                     name: match &gpu.node {
                         Some(node) => format!("{} on {node}", gpu.name),
                         None => gpu.name.clone(),
@@ -222,12 +225,14 @@ impl MemorySeries {
         after.checked_sub(1)
     }
 
-    /// What GPU `gpu_index` held at `unix_ms`: per replica (empty without samples), and the
-    /// job's overhead and memory outside the job when known.
-    pub fn holdings(&self, gpu_index: u32, unix_ms: u64) -> GpuHoldings {
+    /// What GPU `gpu_index` (of `node`, in a multi-node run) held at `unix_ms`: per replica
+    /// (empty without samples), and the job's overhead and memory outside the job when known.
+    pub fn holdings(&self, gpu_index: u32, node: Option<&str>, unix_ms: u64) -> GpuHoldings {
         let (Some(at), Some(gpu)) = (
             self.sample_at(unix_ms),
-            self.gpus.iter().find(|g| g.gpu_index == gpu_index),
+            self.gpus
+                .iter()
+                .find(|g| g.gpu_index == gpu_index && g.node.as_deref() == node),
         ) else {
             return GpuHoldings::default();
         };
@@ -403,6 +408,7 @@ mod tests {
             times_unix_ms: (0..count as u64).map(|i| i * 100).collect(),
             gpus: vec![GpuSeries {
                 gpu_index: 0,
+                node: None,
                 name: "H100".into(),
                 total_bytes: 1 << 30,
                 layers: vec![Layer {

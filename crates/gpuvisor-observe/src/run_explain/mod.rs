@@ -378,7 +378,7 @@ fn held_at(
     incident: &mut Incident,
 ) {
     // Just before it happened: an exit's own sample may already show the memory freed.
-    let held = memory.holdings(gpu, time_unix_ms.saturating_sub(1));
+    let held = memory.holdings(gpu, event.text("node"), time_unix_ms.saturating_sub(1));
     let (mut holdings, overhead, other) = (held.replicas, held.overhead_bytes, held.other_bytes);
     if event.kind == "denial" {
         let label = event.label.as_deref().unwrap_or("");
