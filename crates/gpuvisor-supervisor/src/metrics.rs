@@ -94,6 +94,8 @@ pub fn render(snapshot: &Snapshot, format: Format) -> String {
         .iter()
         .map(|gpu| (gpu.index.to_string(), gpu.uuid.clone()))
         .collect();
+    // A multi-node run's GPUs repeat their indexes from node to node: their node tells them
+    // apart.
     type GpuValue = fn(&crate::sample::GpuStat) -> Option<f64>;
     let gpu_families: [(&str, Option<&str>, &str, GpuValue); 4] = [
         (
@@ -125,7 +127,14 @@ pub fn render(snapshot: &Snapshot, format: Format) -> String {
         w.family(name, "gauge", unit, help);
         for (gpu, (index, uuid)) in snapshot.gpus.iter().zip(&gpu_labels) {
             if let Some(value) = value(gpu) {
-                w.sample(name, &[("job", job), ("gpu", index), ("uuid", uuid)], value);
+                match &gpu.node {
+                    Some(node) => w.sample(
+                        name,
+                        &[("job", job), ("node", node), ("gpu", index), ("uuid", uuid)],
+                        value,
+                    ),
+                    None => w.sample(name, &[("job", job), ("gpu", index), ("uuid", uuid)], value),
+                }
             }
         }
     }

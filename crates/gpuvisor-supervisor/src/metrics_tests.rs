@@ -228,3 +228,19 @@ fn a_real_prometheus_scrapes_the_open_metrics() {
     );
     assert!(health.contains("\"health\":\"up\""), "{health}");
 }
+
+#[test]
+fn a_multi_node_runs_gpus_are_told_apart_by_their_node() {
+    let mut merged = snapshot();
+    let mut second = merged.gpus[0].clone();
+    merged.gpus[0].node = Some("n1".into());
+    second.node = Some("n2".into());
+    merged.gpus.push(second);
+    let text = render(&merged, Format::Prometheus);
+    for node in ["n1", "n2"] {
+        let series = format!(
+            "gpuvisor_gpu_memory_used_bytes{{job=\"rl \\\"job\\\"\",node=\"{node}\",gpu=\"0\",uuid=\"GPU-0\"}} 3221225472\n"
+        );
+        assert!(text.contains(&series), "{text}");
+    }
+}
