@@ -499,6 +499,8 @@ SECTIONS = {
     "supervisor": lambda args: __import__("bench_supervisor").section(args),
     # Supervisor CPU and RSS with 256 replicas sampled every 100 ms.
     "sampler": lambda args: __import__("bench_sampler").section(args),
+    # What the head, the agents and the preflight add to starting a job (stand-in srun).
+    "cluster": lambda args: __import__("bench_cluster").section(args),
 }
 
 

@@ -25,6 +25,7 @@ HEADINGS = {
     "shim-startup": "Shim: start-up of many processes",
     "supervisor": "Supervisor",
     "sampler": "Sampler",
+    "cluster": "Multi-node start-up",
 }
 
 SECONDS = {"ps": 1e-12, "ns": 1e-9, "µs": 1e-6, "us": 1e-6, "ms": 1e-3, "s": 1.0}
@@ -228,6 +229,24 @@ def sampler_chart(text):
     ], ["One window per interval; at 60 s the sampler is nearly idle: the rest of the supervisor."])
 
 
+def cluster_chart(text):
+    _, rows = first_table(text, "cluster", "nodes")
+    bars = []
+    for row in rows:
+        nodes = plain(row[0])
+        label = f"{nodes} node{'' if nodes == '1' else 's'}"
+        bars.append(Bar(f"{label}, one machine", duration(row[2]) * 1e3, series="baseline",
+                        text=plain(row[2])))
+        spread = re.match(r"\s*(\S+ \S+)\s*\((\S+ \S+)–(\S+ \S+)\)", plain(row[4]))
+        if not spread:
+            raise ChartError(f"cluster cell {row[4]!r} is not 'median (min–max)'")
+        median, low, high = (duration(part) * 1e3 for part in spread.groups())
+        bars.append(Bar(f"{label}, multi-node", median, low, high, text=spread.group(1)))
+    return Chart("Multi-node start-up: one machine vs head + agents + preflight", [
+        Panel("From gpuvisor run to the last replica started (ms)", "ms", bars),
+    ], ["Whiskers: min–max of the multi-node runs. All agents share one machine here."])
+
+
 BUILDERS = {
     "planner": planner_chart,
     "explain": explain_chart,
@@ -235,6 +254,7 @@ BUILDERS = {
     "shim-startup": shim_startup_chart,
     "supervisor": supervisor_chart,
     "sampler": sampler_chart,
+    "cluster": cluster_chart,
 }
 
 
