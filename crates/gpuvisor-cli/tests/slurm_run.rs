@@ -298,20 +298,17 @@ distributed = true
     }
 }
 
-#[test]
-fn a_killed_node_agent_is_reported_and_the_job_stops() {
-    let Some(cluster) = SlurmCluster::up(3) else {
-        return;
-    };
-    let work = tempfile::tempdir().unwrap();
-    let dir = work.path();
-    let job = write_job(
-        dir,
-        "[process.worker]\ncommand = [\"sleep\", \"120\"]\ndevice = \"cpu\"\nreplicas = 2\n",
-    );
-    let run = dir.join("run");
+/// Starts `gpuvisor run JOB --quiet` in `salloc -N3` in the background and waits until
+/// `replicas` replicas have started; returns it and the pid of node `node`'s agent.
+fn start_on_three(
+    cluster: &SlurmCluster,
+    job: &Path,
+    run: &Path,
+    replicas: usize,
+    node: &str,
+) -> (std::process::Child, i64) {
     let child = salloc(
-        &cluster,
+        cluster,
         3,
         &[
             "run",
@@ -327,25 +324,41 @@ fn a_killed_node_agent_is_reported_and_the_job_stops() {
     .spawn()
     .unwrap();
     let deadline = Instant::now() + LIMIT;
-    let agent = loop {
-        let events = events(&run);
-        if events.iter().filter(|e| e["kind"] == "start").count() == 6 {
+    loop {
+        let events = events(run);
+        if events.iter().filter(|e| e["kind"] == "start").count() == replicas {
             let joined = events.iter().find(|e| e["kind"] == "nodes-joined").unwrap();
-            break joined["agents"]
+            let agent = joined["agents"]
                 .as_array()
                 .unwrap()
                 .iter()
-                .find(|agent| agent["node"] == "n2")
+                .find(|agent| agent["node"] == node)
                 .unwrap()["pid"]
                 .as_i64()
                 .unwrap();
+            return (child, agent);
         }
         assert!(
             Instant::now() < deadline,
             "the job did not start: {events:?}"
         );
         std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn a_killed_node_agent_is_reported_and_the_job_stops() {
+    let Some(cluster) = SlurmCluster::up(3) else {
+        return;
     };
+    let work = tempfile::tempdir().unwrap();
+    let dir = work.path();
+    let job = write_job(
+        dir,
+        "[process.worker]\ncommand = [\"sleep\", \"120\"]\ndevice = \"cpu\"\nreplicas = 2\n",
+    );
+    let run = dir.join("run");
+    let (child, agent) = start_on_three(&cluster, &job, &run, 6, "n2");
     let workers_on_n2 = cluster.node_pids_named("n2", "sleep");
     assert_eq!(workers_on_n2.len(), 2, "two workers on n2");
     Command::new("kill")
@@ -435,35 +448,7 @@ fn with_restart_a_killed_node_agent_restarts_the_job_through_a_new_srun() {
         ),
     );
     let run = dir.join("run");
-    let child = salloc(
-        &cluster,
-        3,
-        &[
-            "run",
-            job.to_str().unwrap(),
-            "--quiet",
-            "--run-dir",
-            run.to_str().unwrap(),
-        ],
-    )
-    .stdin(Stdio::null())
-    .stdout(Stdio::piped())
-    .stderr(Stdio::piped())
-    .spawn()
-    .unwrap();
-    let deadline = Instant::now() + LIMIT;
-    let agent = loop {
-        let events = events(&run);
-        if events.iter().filter(|e| e["kind"] == "start").count() == 3 {
-            let joined = events.iter().find(|e| e["kind"] == "nodes-joined").unwrap();
-            break joined["agents"][2]["pid"].as_i64().unwrap();
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the job did not start: {events:?}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    let (child, agent) = start_on_three(&cluster, &job, &run, 3, "n3");
     // The second round's workers end at once, so the restarted job finishes well.
     std::fs::write(&stop_now, "").unwrap();
     Command::new("kill")
