@@ -307,7 +307,7 @@ fn start_on_three(
     replicas: usize,
     node: &str,
 ) -> (std::process::Child, i64) {
-    let child = salloc(
+    let mut child = salloc(
         cluster,
         3,
         &[
@@ -338,10 +338,11 @@ fn start_on_three(
                 .unwrap();
             return (child, agent);
         }
-        assert!(
-            Instant::now() < deadline,
-            "the job did not start: {events:?}"
-        );
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the job did not start: {events:?}");
+        }
         std::thread::sleep(Duration::from_millis(100));
     }
 }
