@@ -300,6 +300,9 @@ distributed = true
 
 /// Starts `gpuvisor run JOB --quiet` in `salloc -N3` in the background and waits until
 /// `replicas` replicas have started; returns it and the pid of node `node`'s agent.
+// The caller waits for the child; a panic on the way ends the test (and the cluster's Drop
+// tears everything down).
+#[allow(clippy::zombie_processes)]
 fn start_on_three(
     cluster: &SlurmCluster,
     job: &Path,
