@@ -76,7 +76,7 @@ pub enum Command {
     #[command(name = "__agent", hide = true)]
     Agent(crate::commands::run::agent::AgentArgs),
     /// Submit a job to Slurm: write its batch script (one `gpuvisor run` that starts an agent
-    /// on every node) and hand it to sbatch. Arguments after `--` go to sbatch.
+    /// on every node) and hand it to sbatch, with the sbatch options that follow the job file.
     Submit(crate::commands::submit::SubmitArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell) to standard
     /// output.

@@ -34,8 +34,13 @@ pub struct SubmitArgs {
     /// GPU source (passed on to `run` on the nodes).
     #[command(flatten)]
     pub inventory: InventoryArgs,
-    /// Options for sbatch, e.g. `-- --nodes=3 --gres=gpu:8 --time=2:00:00`.
-    #[arg(last = true, value_name = "SBATCH ARGS")]
+    /// Options for sbatch, after the job file and gpuvisor's own options, e.g.
+    /// `--nodes=3 --gres=gpu:8 --time=2:00:00` (a `--` before them is accepted too).
+    #[arg(
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        value_name = "SBATCH ARGS"
+    )]
     pub sbatch: Vec<String>,
 }
 
@@ -141,14 +146,19 @@ pub fn submit(args: SubmitArgs) -> Result<ExitCode, Failure> {
             })?;
     }
     std::fs::write(&script_path, &script)?;
+    // Nothing submitted: nothing left behind either (the directory only if it is empty).
+    let undo = || {
+        let _ = std::fs::remove_file(&script_path);
+        let _ = std::fs::remove_dir(&run_dir);
+    };
     let output = sbatch.output().map_err(|error| {
+        undo();
         Failure::unavailable(format!(
             "cannot run sbatch: {error}\n  hint: submit from a machine with Slurm's client tools, or use --dry-run to get the script"
         ))
     })?;
     if !output.status.success() {
-        let _ = std::fs::remove_file(&script_path);
-        let _ = std::fs::remove_dir(&run_dir);
+        undo();
         return Err(Failure::bad_input(format!(
             "sbatch refused the job ({}): {}\n  hint: check the sbatch options after `--`",
             output.status,
