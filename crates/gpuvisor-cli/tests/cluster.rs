@@ -236,6 +236,10 @@ distributed = true
     );
     assert!(stderr.contains("hint: "), "{stderr}");
     assert!(!dir.path().join("started").exists(), "nothing started");
+    assert!(
+        !run.join("control.sock").exists(),
+        "the control socket stays"
+    );
     let events = events(&run);
     let kinds = kinds(&events);
     assert!(kinds.contains(&"preflight-failed".to_string()), "{kinds:?}");
@@ -504,4 +508,241 @@ fn restart_and_stop_of_one_process_reach_every_node_that_runs_it() {
     assert!(stop.status.success());
     let (code, stderr) = wait_output(child);
     assert_eq!(code, Some(0), "{stderr}");
+}
+
+/// Whether any process of process group `group` is still there (zombies aside).
+fn group_alive(group: i32) -> Vec<i32> {
+    let mut alive = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
+        // After the command's `)`: state, ppid, pgrp.
+        let Some((_, rest)) = stat.rsplit_once(") ") else {
+            continue;
+        };
+        let fields: Vec<&str> = rest.split(' ').collect();
+        if fields.len() > 2 && fields[0] != "Z" && fields[2] == group.to_string() {
+            alive.push(pid);
+        }
+    }
+    alive
+}
+
+/// Whether `pid` runs (a zombie does not).
+fn running(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|stat| !stat.contains(") Z "))
+        .unwrap_or(false)
+}
+
+/// A head whose third node never comes up, so it stays in its preflight (for `timeout`);
+/// returns it once two agents have had the time to connect, with the run and srun's pid file.
+fn stuck_in_preflight(dir: &Path) -> (Child, PathBuf, PathBuf) {
+    let bin = fake_srun_dir(dir);
+    let job = dir.join("job.toml");
+    std::fs::write(
+        &job,
+        r#"
+[cluster]
+preflight_timeout = "60s"
+
+[process.worker]
+command = ["touch", "started"]
+device = "cpu"
+"#,
+    )
+    .unwrap();
+    let run = dir.join("run");
+    let srun_pid = dir.join("srun.pid");
+    let child = in_allocation(THREE, &bin)
+        .args(["run", job.to_str().unwrap(), "--run-dir"])
+        .arg(&run)
+        .env("FAKE_SRUN_SKIP", "127.0.0.3")
+        .env("FAKE_SRUN_PID", &srun_pid)
+        .current_dir(dir)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !srun_pid.exists() || !run.join("control.sock").exists() {
+        assert!(Instant::now() < deadline, "srun never started");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    (child, run, srun_pid)
+}
+
+/// What a head stopped during its preflight must leave: no srun, no agent, no socket, a
+/// `job-end` with `status`, nothing started.
+fn nothing_left_after_preflight(dir: &Path, run: &Path, srun_pid: &Path, status: i64) {
+    let srun: i32 = std::fs::read_to_string(srun_pid)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(!running(srun), "srun {srun} still runs");
+    assert_eq!(group_alive(srun), Vec::<i32>::new(), "srun's tasks remain");
+    assert!(
+        !run.join("control.sock").exists(),
+        "the control socket stays"
+    );
+    assert!(!dir.join("started").exists(), "a worker started");
+    let events = events(run);
+    let last = events.last().unwrap();
+    assert_eq!(last["kind"], "job-end", "{events:?}");
+    assert_eq!(last["status"], status, "{events:?}");
+}
+
+#[test]
+fn ctrl_c_during_the_preflight_stops_srun_and_exits_130() {
+    let dir = tempfile::tempdir().unwrap();
+    let (child, run, srun_pid) = stuck_in_preflight(dir.path());
+    let started = Instant::now();
+    Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    let (code, stderr) = wait_output(child);
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "took {:?}: {stderr}",
+        started.elapsed()
+    );
+    assert_eq!(code, Some(130), "{stderr}");
+    assert!(stderr.contains("nothing was started"), "{stderr}");
+    nothing_left_after_preflight(dir.path(), &run, &srun_pid, 130);
+}
+
+#[test]
+fn gpuvisor_stop_during_the_preflight_ends_the_job_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let (child, run, srun_pid) = stuck_in_preflight(dir.path());
+    let started = Instant::now();
+    let stop = util::gpuvisor().arg("stop").arg(&run).output().unwrap();
+    assert!(
+        stop.status.success(),
+        "{}",
+        String::from_utf8_lossy(&stop.stderr)
+    );
+    let (code, stderr) = wait_output(child);
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "took {:?}: {stderr}",
+        started.elapsed()
+    );
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(stderr.contains("nothing was started"), "{stderr}");
+    nothing_left_after_preflight(dir.path(), &run, &srun_pid, 0);
+}
+
+/// The pids of the workers every node started (from the nodes' own records).
+fn worker_pids(run: &Path) -> Vec<i32> {
+    let mut pids = Vec::new();
+    for node in std::fs::read_dir(run.join("nodes")).unwrap().flatten() {
+        let text = std::fs::read_to_string(node.path().join("events.jsonl")).unwrap_or_default();
+        for event in text
+            .lines()
+            .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+        {
+            if event["kind"] == "start" {
+                pids.push(event["pid"].as_i64().unwrap() as i32);
+            }
+        }
+    }
+    pids
+}
+
+#[test]
+fn a_killed_head_stops_every_node_s_processes_quickly() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut child, run) = start_long(dir.path(), "");
+    let workers = worker_pids(&run);
+    assert_eq!(workers.len(), 3, "{workers:?}");
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let left: Vec<i32> = workers
+            .iter()
+            .copied()
+            .filter(|pid| running(*pid))
+            .collect();
+        if left.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "workers {left:?} outlive the head"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn three_ctrl_cs_end_the_job_with_130_not_as_lost_nodes() {
+    let dir = tempfile::tempdir().unwrap();
+    // Workers that shrug off SIGTERM, so the first Ctrl-C's orderly stop takes its grace.
+    let bin = fake_srun_dir(dir.path());
+    let job = dir.path().join("job.toml");
+    std::fs::write(
+        &job,
+        r#"
+[process.worker]
+command = ["sh", "-c", "trap '' TERM INT; echo up; sleep 60"]
+device = "cpu"
+"#,
+    )
+    .unwrap();
+    let run = dir.path().join("run");
+    let child = in_allocation(THREE, &bin)
+        .args(["run", job.to_str().unwrap(), "--quiet", "--run-dir"])
+        .arg(&run)
+        .current_dir(dir.path())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while worker_pids_if_any(&run).len() < 3 {
+        assert!(Instant::now() < deadline, "the job did not start");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let workers = worker_pids(&run);
+    for _ in 0..3 {
+        Command::new("kill")
+            .args(["-INT", &child.id().to_string()])
+            .status()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(700));
+    }
+    let started = Instant::now();
+    let (code, stderr) = wait_output(child);
+    assert!(started.elapsed() < Duration::from_secs(20), "{stderr}");
+    assert_eq!(code, Some(130), "{stderr}");
+    assert!(
+        !stderr.contains("gpuvisor: node"),
+        "no node is reported lost: {stderr}"
+    );
+    assert!(
+        stderr.contains("killed with node 127.0.0.2's agent"),
+        "{stderr}"
+    );
+    assert!(!run.join("control.sock").exists());
+    let kinds = kinds(&events(&run));
+    assert!(!kinds.contains(&"node-lost".to_string()), "{kinds:?}");
+    assert_eq!(kinds.last().map(String::as_str), Some("job-end"));
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while workers.iter().any(|pid| running(*pid)) {
+        assert!(Instant::now() < deadline, "workers outlive the job");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn worker_pids_if_any(run: &Path) -> Vec<i32> {
+    if run.join("nodes").is_dir() {
+        worker_pids(run)
+    } else {
+        Vec::new()
+    }
 }

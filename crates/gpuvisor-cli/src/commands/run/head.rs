@@ -48,6 +48,26 @@ enum Input {
     Signal(Signal),
 }
 
+/// Why a round's start-up (connect, plan, preflight) ended before its processes started.
+enum Halt {
+    /// It failed: the error to print.
+    Failed(Failure),
+    /// A signal or `gpuvisor stop` ended it: the exit status.
+    Stopped(u8),
+}
+
+impl From<Failure> for Halt {
+    fn from(failure: Failure) -> Self {
+        Halt::Failed(failure)
+    }
+}
+
+impl From<std::io::Error> for Halt {
+    fn from(error: std::io::Error) -> Self {
+        Halt::Failed(error.into())
+    }
+}
+
 /// How one round (one srun of agents) ended.
 struct RoundEnd {
     /// Per node: its status and summary rows, if it finished.
@@ -161,12 +181,24 @@ pub fn head(args: &RunArgs, job: JobSpec, allocation: Allocation) -> Result<Exit
         .spawn()
         .map_err(|error| Failure::unavailable(format!("cannot start srun: {error}")))?;
         context.round = round;
-        let agents = match context.start_round(round, &token, &mut srun) {
+        let agents = match context.start_round(round, &token, &mut srun, &receiver) {
             Ok(agents) => agents,
-            Err(failure) => {
+            Err(halt) => {
+                // The agents that connected have been let go (their connections closed).
                 stop_srun(&mut srun);
-                events.write(&Event::new("job-end").with("status", failure_status(&failure)));
-                return Err(failure);
+                let _ = std::fs::remove_file(run_dir.socket_path());
+                return match halt {
+                    Halt::Failed(failure) => {
+                        events
+                            .write(&Event::new("job-end").with("status", failure_status(&failure)));
+                        Err(failure)
+                    }
+                    Halt::Stopped(status) => {
+                        eprintln!("gpuvisor: stopped during the preflight; nothing was started");
+                        events.write(&Event::new("job-end").with("status", status));
+                        Ok(ExitCode::from(status))
+                    }
+                };
             }
         };
         let end = context.supervise_round(agents, &inputs, &receiver, &mut srun);
@@ -264,9 +296,10 @@ impl Context<'_> {
         round: u32,
         token: &str,
         srun: &mut Child,
-    ) -> Result<Vec<Agent>, Failure> {
+        inputs: &Receiver<Input>,
+    ) -> Result<Vec<Agent>, Halt> {
         let timeout = Duration::from_millis(self.job.cluster.preflight_timeout_ms);
-        let mut agents = self.accept_agents(token, srun, timeout)?;
+        let mut agents = self.accept_agents(token, srun, timeout, inputs)?;
         // Plans.
         for (index, agent) in agents.iter_mut().enumerate() {
             let suffix = if round == 0 {
@@ -291,7 +324,7 @@ impl Context<'_> {
         let mut plans = Vec::new();
         let mut ports: BTreeMap<String, (String, u16)> = BTreeMap::new();
         for agent in agents.iter_mut() {
-            match recv_within(agent, timeout)? {
+            match self.recv_within(agent, timeout, inputs)? {
                 AgentMsg::Planned {
                     inventory,
                     ports: held,
@@ -323,17 +356,17 @@ impl Context<'_> {
                 AgentMsg::Failed { message, bad_input } => {
                     let text = format!("node {} could not plan its share: {message}", agent.node);
                     abort_all(&mut agents, &text);
-                    return Err(if bad_input {
+                    return Err(Halt::Failed(if bad_input {
                         Failure::bad_input(text)
                     } else {
                         Failure::unavailable(text)
-                    });
+                    }));
                 }
                 other => {
-                    return Err(Failure::unavailable(format!(
+                    return Err(Halt::Failed(Failure::unavailable(format!(
                         "{}: unexpected message before its plan: {other:?}",
                         agent.node
-                    )))
+                    ))))
                 }
             }
         }
@@ -362,13 +395,13 @@ impl Context<'_> {
         }
         let mut results: Vec<(String, Vec<ProbeResult>)> = Vec::new();
         for agent in agents.iter_mut() {
-            match recv_within(agent, timeout + Duration::from_secs(5))? {
+            match self.recv_within(agent, timeout + Duration::from_secs(5), inputs)? {
                 AgentMsg::Probed { results: probed } => results.push((agent.node.clone(), probed)),
                 other => {
-                    return Err(Failure::unavailable(format!(
+                    return Err(Halt::Failed(Failure::unavailable(format!(
                         "{}: unexpected message instead of its preflight results: {other:?}",
                         agent.node
-                    )))
+                    ))))
                 }
             }
         }
@@ -421,7 +454,7 @@ impl Context<'_> {
                 pairs.join("\n")
             );
             abort_all(&mut agents, "preflight failed");
-            return Err(Failure::unavailable(text));
+            return Err(Halt::Failed(Failure::unavailable(text)));
         }
         let coordinators: BTreeMap<String, ProbeTarget> = targets
             .into_iter()
@@ -441,18 +474,22 @@ impl Context<'_> {
         token: &str,
         srun: &mut Child,
         timeout: Duration,
-    ) -> Result<Vec<Agent>, Failure> {
+        inputs: &Receiver<Input>,
+    ) -> Result<Vec<Agent>, Halt> {
         let deadline = Instant::now() + timeout;
         let mut by_node: BTreeMap<String, Agent> = BTreeMap::new();
         self.listener.set_nonblocking(true)?;
         while by_node.len() < self.nodes.len() {
+            if let Some(status) = self.interrupted(inputs) {
+                return Err(Halt::Stopped(status));
+            }
             if let Some(status) = srun.try_wait()? {
                 let missing = self.missing(&by_node);
-                return Err(self.preflight_failure(format!(
+                return Err(Halt::Failed(self.preflight_failure(format!(
                     "srun ended ({status}) before the agents of {} connected; its error is above\n  hint: check that the allocation still holds these nodes (squeue, sinfo) and that {} exists on every node",
                     missing.join(", "),
                     std::env::current_exe().map(|path| path.display().to_string()).unwrap_or_default()
-                )));
+                ))));
             }
             if Instant::now() >= deadline {
                 let missing = self.missing(&by_node);
@@ -466,13 +503,13 @@ impl Context<'_> {
                         )
                     })
                     .collect();
-                return Err(self.preflight_failure(format!(
+                return Err(Halt::Failed(self.preflight_failure(format!(
                     "preflight failed: {} of {} nodes never connected; nothing was started\n{}\n  hint: the nodes must reach this machine at {} (set GPUVISOR_HEAD_ADDRESS to pick another address); raise [cluster] preflight_timeout if srun is slow to start",
                     missing.len(),
                     self.nodes.len(),
                     pairs.join("\n"),
                     self.head
-                )));
+                ))));
             }
             match self.listener.accept() {
                 Ok((stream, _)) => {
@@ -503,6 +540,90 @@ impl Context<'_> {
             .iter()
             .filter_map(|node| by_node.remove(node))
             .collect())
+    }
+
+    /// Takes the signals and control requests that came during the start-up: a signal or a
+    /// `stop` of the whole job ends it (Some: the exit status); the rest are answered, as
+    /// nothing runs yet.
+    fn interrupted(&self, inputs: &Receiver<Input>) -> Option<u8> {
+        while let Ok(input) = inputs.try_recv() {
+            match input {
+                Input::Signal(signal) => {
+                    self.events
+                        .write(&Event::new("signal").with("signal", signal.as_str()));
+                    return Some(128 + signal as i32 as u8);
+                }
+                Input::Control((request, reply)) => {
+                    let answer = match request {
+                        Request::Stop { process: None } => {
+                            self.events.write(&Event::new("control").with(
+                                "cmd",
+                                serde_json::to_value(&request).unwrap_or(Value::Null),
+                            ));
+                            let _ = reply.send(json!({ "ok": true }));
+                            return Some(0);
+                        }
+                        Request::Ps => json!({
+                            "ok": true, "job": self.job.name, "replicas": [], "nodes": self.nodes
+                        }),
+                        Request::Sample => json!({ "ok": true, "sample": null }),
+                        _ => control::error_reply(&format!(
+                            "job {} is still in its preflight: nothing runs yet\n  hint: retry once its processes have started, or `gpuvisor stop` the whole job",
+                            self.job.name
+                        )),
+                    };
+                    let _ = reply.send(answer);
+                }
+                // A previous round's late word; that round is over.
+                Input::FromAgent(..) => {}
+            }
+        }
+        None
+    }
+
+    /// The next message of one agent within `timeout`, or the start-up's end by a signal or
+    /// `gpuvisor stop` (checked every 200 ms while it waits).
+    fn recv_within(
+        &self,
+        agent: &mut Agent,
+        timeout: Duration,
+        inputs: &Receiver<Input>,
+    ) -> Result<AgentMsg, Halt> {
+        let deadline = Instant::now() + timeout;
+        let receiver = agent
+            .receiver
+            .as_mut()
+            .expect("receivers are taken only when the round runs");
+        let message = loop {
+            if let Some(status) = self.interrupted(inputs) {
+                return Err(Halt::Stopped(status));
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            receiver.set_timeout(Some(
+                left.clamp(Duration::from_millis(1), Duration::from_millis(200)),
+            ))?;
+            match receiver.recv::<AgentMsg>() {
+                Err(error)
+                    if matches!(
+                        error.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) && !left.is_zero() => {}
+                other => break other,
+            }
+        };
+        receiver.set_timeout(None)?;
+        match message {
+            Ok(Some(message)) => Ok(message),
+            Ok(None) => Err(Halt::Failed(Failure::unavailable(format!(
+                "the agent on {} (pid {}) went away during start-up; its error is above",
+                agent.node, agent.pid
+            )))),
+            Err(error) => Err(Halt::Failed(Failure::unavailable(format!(
+                "the agent on {} did not answer within {:.0} s: {error}",
+                agent.node,
+                timeout.as_secs_f64()
+            )))),
+        }
     }
 
     fn missing(&self, joined: &BTreeMap<String, Agent>) -> Vec<String> {
@@ -556,6 +677,7 @@ impl Context<'_> {
             stopped_by: None,
         };
         let mut over = vec![false; count];
+        let mut killed = vec![false; count];
         let mut stopping = false;
         let mut signals_seen = 0;
         let mut last_record = Instant::now() - Duration::from_secs(1);
@@ -677,6 +799,12 @@ impl Context<'_> {
             }
             if let Some((index, why, kind)) = failed_node {
                 let node = agents[index].node.clone();
+                // From the second Ctrl-C on, the head itself signals srun's agents: their
+                // connections closing is the stop asked for, not a lost node.
+                if kind == "node-lost" && signals_seen >= 2 {
+                    killed[index] = true;
+                    continue;
+                }
                 self.events.write(
                     &Event::new(kind)
                         .with("node", node.clone())
@@ -701,13 +829,22 @@ impl Context<'_> {
                     .map(|row| SummaryRow {
                         label: row.label,
                         restarts: row.restarts,
-                        cause: format!("lost with node {}", agents[index].node),
+                        cause: if killed[index] {
+                            format!("killed with node {}'s agent", agents[index].node)
+                        } else {
+                            format!("lost with node {}", agents[index].node)
+                        },
                         gpu_peak_bytes: row.gpu_peak_bytes,
                         budget_bytes: row.budget_bytes,
                         run_ms: row.uptime_ms.unwrap_or(0),
                     })
                     .collect();
-                end.done[index] = Some((1, rows));
+                // Killed by the head's own Ctrl-C escalation: the stop's status, not a fault.
+                let status = match end.stopped_by {
+                    Some(status) if killed[index] => status,
+                    _ => 1,
+                };
+                end.done[index] = Some((status, rows));
             }
         }
         end
@@ -852,29 +989,6 @@ fn hello(stream: TcpStream, token: &str) -> Option<Agent> {
             })
         }
         _ => None,
-    }
-}
-
-/// The next message of one agent within `timeout`.
-fn recv_within(agent: &mut Agent, timeout: Duration) -> Result<AgentMsg, Failure> {
-    let receiver = agent
-        .receiver
-        .as_mut()
-        .expect("receivers are taken only when the round runs");
-    receiver.set_timeout(Some(timeout))?;
-    let message = receiver.recv::<AgentMsg>();
-    receiver.set_timeout(None)?;
-    match message {
-        Ok(Some(message)) => Ok(message),
-        Ok(None) => Err(Failure::unavailable(format!(
-            "the agent on {} (pid {}) went away during start-up; its error is above",
-            agent.node, agent.pid
-        ))),
-        Err(error) => Err(Failure::unavailable(format!(
-            "the agent on {} did not answer within {:.0} s: {error}",
-            agent.node,
-            timeout.as_secs_f64()
-        ))),
     }
 }
 
