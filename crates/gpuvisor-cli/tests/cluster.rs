@@ -746,3 +746,95 @@ fn worker_pids_if_any(run: &Path) -> Vec<i32> {
         Vec::new()
     }
 }
+
+#[test]
+fn stray_connections_to_the_head_do_not_hold_up_the_agents() {
+    use std::io::Write;
+    use std::net::TcpStream;
+    let dir = tempfile::tempdir().unwrap();
+    let bin = fake_srun_dir(dir.path());
+    let job = dir.path().join("job.toml");
+    std::fs::write(
+        &job,
+        r#"
+[cluster]
+preflight_timeout = "6s"
+
+[process.worker]
+command = ["true"]
+device = "cpu"
+"#,
+    )
+    .unwrap();
+    let run = dir.path().join("run");
+    let child = in_allocation(THREE, &bin)
+        .args(["run", job.to_str().unwrap(), "--quiet", "--run-dir"])
+        .arg(&run)
+        .env("FAKE_SRUN_DELAY", "1")
+        .current_dir(dir.path())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let head = loop {
+        let start = events_if_any(&run)
+            .into_iter()
+            .find(|event| event["kind"] == "job-start");
+        if let Some(start) = start {
+            break start["head"].as_str().unwrap().to_string();
+        }
+        assert!(Instant::now() < deadline, "no job-start");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    // Before the agents: silent connections, a half line, garbage, a wrong token and a
+    // would-be agent for a node the step does not have; all held open.
+    let mut strays: Vec<TcpStream> = (0..3).map(|_| TcpStream::connect(&head).unwrap()).collect();
+    for text in [
+        "{\"msg\":\"hello\"".to_string(),
+        "GET / HTTP/1.0\n".to_string(),
+        "{\"msg\":\"hello\",\"token\":\"guess\",\"node\":\"127.0.0.1\",\"pid\":1}\n".to_string(),
+    ] {
+        let mut stream = TcpStream::connect(&head).unwrap();
+        stream.write_all(text.as_bytes()).unwrap();
+        strays.push(stream);
+    }
+    let (code, stderr) = wait_output(child);
+    assert_eq!(code, Some(0), "{stderr}");
+    let kinds = kinds(&events(&run));
+    assert_eq!(kinds.iter().filter(|kind| *kind == "node-end").count(), 3);
+    drop(strays);
+}
+
+fn events_if_any(run: &Path) -> Vec<Value> {
+    if run.join("events.jsonl").exists() {
+        events(run)
+    } else {
+        Vec::new()
+    }
+}
+
+#[test]
+fn an_agent_whose_node_name_is_not_in_the_step_is_named_when_the_preflight_fails() {
+    let dir = tempfile::tempdir().unwrap();
+    let bin = fake_srun_dir(dir.path());
+    let job = dir.path().join("job.toml");
+    std::fs::write(
+        &job,
+        "[cluster]\npreflight_timeout = \"2s\"\n\n[process.worker]\ncommand = [\"true\"]\ndevice = \"cpu\"\n",
+    )
+    .unwrap();
+    let output = in_allocation(THREE, &bin)
+        .args(["run", job.to_str().unwrap(), "--run-dir"])
+        .arg(dir.path().join("run"))
+        .env("FAKE_SRUN_NAME_SUFFIX", ".cluster")
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("1 of 3 nodes never connected"), "{stderr}");
+    assert!(
+        stderr.contains("calls its node `127.0.0.3.cluster`, which is not a node of this step"),
+        "{stderr}"
+    );
+}

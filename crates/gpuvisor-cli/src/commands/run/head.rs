@@ -478,8 +478,30 @@ impl Context<'_> {
     ) -> Result<Vec<Agent>, Halt> {
         let deadline = Instant::now() + timeout;
         let mut by_node: BTreeMap<String, Agent> = BTreeMap::new();
+        // Agents this round's token let in but no node of the step is waiting for.
+        let mut refused: Vec<String> = Vec::new();
+        let (hellos, greeted) = mpsc::channel::<Option<Agent>>();
         self.listener.set_nonblocking(true)?;
-        while by_node.len() < self.nodes.len() {
+        loop {
+            while let Ok(hello) = greeted.try_recv() {
+                let Some(agent) = hello else { continue };
+                if by_node.contains_key(&agent.node) {
+                    refused.push(format!(
+                        "a second agent for {} (pid {}) was refused",
+                        agent.node, agent.pid
+                    ));
+                } else if !self.nodes.contains(&agent.node) {
+                    refused.push(format!(
+                        "an agent (pid {}) calls its node `{}`, which is not a node of this step (SLURMD_NODENAME, else the host name)",
+                        agent.pid, agent.node
+                    ));
+                } else {
+                    by_node.insert(agent.node.clone(), agent);
+                }
+            }
+            if by_node.len() == self.nodes.len() {
+                break;
+            }
             if let Some(status) = self.interrupted(inputs) {
                 return Err(Halt::Stopped(status));
             }
@@ -503,6 +525,10 @@ impl Context<'_> {
                         )
                     })
                     .collect();
+                let pairs: Vec<String> = pairs
+                    .into_iter()
+                    .chain(refused.iter().map(|why| format!("  {why}")))
+                    .collect();
                 return Err(Halt::Failed(self.preflight_failure(format!(
                     "preflight failed: {} of {} nodes never connected; nothing was started\n{}\n  hint: the nodes must reach this machine at {} (set GPUVISOR_HEAD_ADDRESS to pick another address); raise [cluster] preflight_timeout if srun is slow to start",
                     missing.len(),
@@ -513,16 +539,17 @@ impl Context<'_> {
             }
             match self.listener.accept() {
                 Ok((stream, _)) => {
-                    if let Some(agent) = hello(stream, token) {
-                        if self.nodes.contains(&agent.node) && !by_node.contains_key(&agent.node) {
-                            by_node.insert(agent.node.clone(), agent);
-                        }
-                    }
+                    // Each connection says who it is on a thread of its own: a silent or
+                    // slow stray connection must not hold up the agents behind it.
+                    let hellos = hellos.clone();
+                    let token = token.to_string();
+                    std::thread::spawn(move || {
+                        let _ = hellos.send(hello(stream, &token));
+                    });
                 }
-                Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => {
-                    std::thread::sleep(Duration::from_millis(20));
-                }
-                Err(error) => return Err(error.into()),
+                // Nothing pending; or a connection that failed before it was accepted (accept(2)
+                // passes such network errors on): neither concerns the agents.
+                Err(_) => std::thread::sleep(Duration::from_millis(20)),
             }
         }
         self.events.write(
