@@ -851,21 +851,12 @@ impl Context<'_> {
         // A lost node's replicas never reported their end: they went with it.
         for (index, rows) in ps.into_iter().enumerate() {
             if end.done[index].is_none() {
-                let rows = rows
-                    .into_iter()
-                    .map(|row| SummaryRow {
-                        label: row.label,
-                        restarts: row.restarts,
-                        cause: if killed[index] {
-                            format!("killed with node {}'s agent", agents[index].node)
-                        } else {
-                            format!("lost with node {}", agents[index].node)
-                        },
-                        gpu_peak_bytes: row.gpu_peak_bytes,
-                        budget_bytes: row.budget_bytes,
-                        run_ms: row.uptime_ms.unwrap_or(0),
-                    })
-                    .collect();
+                let cause = if killed[index] {
+                    format!("killed with node {}'s agent", agents[index].node)
+                } else {
+                    format!("lost with node {}", agents[index].node)
+                };
+                let rows = lost_rows(rows, self.plans.get(index), &cause);
                 // Killed by the head's own Ctrl-C escalation: the stop's status, not a fault.
                 let status = match end.stopped_by {
                     Some(status) if killed[index] => status,
@@ -994,6 +985,38 @@ impl Gates {
         *told = all_ready;
         Some((process, all_ready))
     }
+}
+
+/// The summary rows of a node that never reported its end: from its last `ps`, or from its
+/// plan when it went before its first `ps` (its replicas must not vanish from the summary).
+fn lost_rows(ps: Vec<PsRow>, plan: Option<&Plan>, cause: &str) -> Vec<SummaryRow> {
+    if ps.is_empty() {
+        return plan
+            .map(|plan| {
+                plan.replicas
+                    .iter()
+                    .map(|replica| SummaryRow {
+                        label: replica.label(),
+                        restarts: 0,
+                        cause: cause.to_string(),
+                        gpu_peak_bytes: None,
+                        budget_bytes: replica.budget_bytes,
+                        run_ms: 0,
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+    }
+    ps.into_iter()
+        .map(|row| SummaryRow {
+            label: row.label,
+            restarts: row.restarts,
+            cause: cause.to_string(),
+            gpu_peak_bytes: row.gpu_peak_bytes,
+            budget_bytes: row.budget_bytes,
+            run_ms: row.uptime_ms.unwrap_or(0),
+        })
+        .collect()
 }
 
 /// Reads an agent's hello; None for a connection that is not one of this round's agents.
@@ -1216,6 +1239,27 @@ mod tests {
             gates.observe(&event("restart", "learner[0]")),
             Some(("learner".to_string(), false))
         );
+    }
+
+    #[test]
+    fn a_node_lost_before_its_first_ps_still_has_its_replicas_in_the_summary() {
+        use gpuvisor_core::inventory::simulate;
+        use gpuvisor_core::spec::parse_job;
+        let job = parse_job(
+            Path::new("job.toml"),
+            "[process.actor]\ncommand=[\"a\"]\nreplicas=2\nmemory=\"1GiB\"\n",
+        )
+        .unwrap();
+        let layout = NodeLayout {
+            names: vec!["n1".to_string(), "n2".to_string()],
+            index: 1,
+        };
+        let plan = plan_node(&job, &simulate("1x24GiB").unwrap(), &layout).unwrap();
+        let rows = lost_rows(Vec::new(), Some(&plan), "lost with node n2");
+        let labels: Vec<&str> = rows.iter().map(|row| row.label.as_str()).collect();
+        assert_eq!(labels, ["actor[2]", "actor[3]"]);
+        assert!(rows.iter().all(|row| row.cause == "lost with node n2"));
+        assert!(rows.iter().all(|row| row.budget_bytes > 0));
     }
 
     #[test]
