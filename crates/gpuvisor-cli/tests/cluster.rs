@@ -254,6 +254,11 @@ distributed = true
 /// Starts a long job on three nodes; returns the child and the run directory once every
 /// replica runs.
 fn start_long(dir: &Path, cluster: &str) -> (Child, PathBuf) {
+    start_long_with(dir, cluster, &[])
+}
+
+/// [`start_long`] with more variables for the head (and the stand-in srun).
+fn start_long_with(dir: &Path, cluster: &str, env: &[(&str, &Path)]) -> (Child, PathBuf) {
     let bin = fake_srun_dir(dir);
     let job = dir.join("job.toml");
     std::fs::write(
@@ -274,6 +279,7 @@ device = "cpu"
     let child = in_allocation(THREE, &bin)
         .args(["run", job.to_str().unwrap(), "--quiet", "--run-dir"])
         .arg(&run)
+        .envs(env.iter().copied())
         .current_dir(dir)
         .stderr(Stdio::piped())
         .spawn()
@@ -837,4 +843,43 @@ fn an_agent_whose_node_name_is_not_in_the_step_is_named_when_the_preflight_fails
         stderr.contains("calls its node `127.0.0.3.cluster`, which is not a node of this step"),
         "{stderr}"
     );
+}
+
+#[test]
+fn srun_killed_with_its_agents_mid_run_loses_every_node_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let srun_pid = dir.path().join("srun.pid");
+    let (child, run) = start_long_with(dir.path(), "", &[("FAKE_SRUN_PID", &srun_pid)]);
+    let workers = worker_pids(&run);
+    let srun = std::fs::read_to_string(&srun_pid)
+        .unwrap()
+        .trim()
+        .to_string();
+    // The whole step at once: srun and every agent in its process group.
+    Command::new("kill")
+        .args(["-9", "--", &format!("-{srun}")])
+        .status()
+        .unwrap();
+    let (code, stderr) = wait_output(child);
+    assert_eq!(code, Some(1), "{stderr}");
+    for node in ["127.0.0.1", "127.0.0.2", "127.0.0.3"] {
+        assert!(
+            stderr.contains(&format!("lost with node {node}")),
+            "{stderr}"
+        );
+    }
+    let events = events(&run);
+    let lost: Vec<&str> = events
+        .iter()
+        .filter(|e| e["kind"] == "node-lost")
+        .map(|e| e["node"].as_str().unwrap())
+        .collect();
+    assert_eq!(lost.len(), 3, "each node lost once: {lost:?}");
+    assert_eq!(events.last().unwrap()["kind"], "job-end");
+    assert!(!run.join("control.sock").exists());
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while workers.iter().any(|pid| running(*pid)) {
+        assert!(Instant::now() < deadline, "workers outlive their agents");
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
