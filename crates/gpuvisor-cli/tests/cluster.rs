@@ -618,6 +618,10 @@ fn ctrl_c_during_the_preflight_stops_srun_and_exits_130() {
     );
     assert_eq!(code, Some(130), "{stderr}");
     assert!(stderr.contains("nothing was started"), "{stderr}");
+    assert!(
+        !stderr.contains("task exited"),
+        "the agents end quietly: {stderr}"
+    );
     nothing_left_after_preflight(dir.path(), &run, &srun_pid, 130);
 }
 
@@ -880,6 +884,30 @@ fn srun_killed_with_its_agents_mid_run_loses_every_node_once() {
     let deadline = Instant::now() + Duration::from_secs(15);
     while workers.iter().any(|pid| running(*pid)) {
         assert!(Instant::now() < deadline, "workers outlive their agents");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn a_head_killed_during_the_preflight_leaves_no_agent_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut child, _run, srun_pid) = stuck_in_preflight(dir.path());
+    let srun: i32 = std::fs::read_to_string(&srun_pid)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    // The agents that joined see the connection close and end; srun with them. (The node
+    // that never came up has no agent.)
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !group_alive(srun).is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "left behind: {:?}",
+            group_alive(srun)
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
 }

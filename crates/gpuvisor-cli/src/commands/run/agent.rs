@@ -90,20 +90,25 @@ pub fn agent(args: AgentArgs) -> Result<ExitCode, Failure> {
         node: node.clone(),
         pid: std::process::id(),
     })?;
-    let Some(HeadMsg::Assign {
-        job_path,
-        job_source,
-        nodes,
-        index,
-        record,
-        logs,
-        simulate,
-        quiet,
-    }) = receiver.recv::<HeadMsg>()?
-    else {
-        // The head went away or refused us; it says why on its side.
-        return Ok(ExitCode::from(1));
-    };
+    let (job_path, job_source, nodes, index, record, logs, simulate, quiet) =
+        match receiver.recv::<HeadMsg>()? {
+            Some(HeadMsg::Assign {
+                job_path,
+                job_source,
+                nodes,
+                index,
+                record,
+                logs,
+                simulate,
+                quiet,
+            }) => (
+                job_path, job_source, nodes, index, record, logs, simulate, quiet,
+            ),
+            // The head stopped before the job started; it says why, once for the job.
+            Some(HeadMsg::Abort { .. }) => return Ok(ExitCode::SUCCESS),
+            // The head went away or refused us; it says why on its side.
+            _ => return Ok(ExitCode::from(1)),
+        };
     // Signals go to the supervisor's signal thread: block them before any thread exists
     // (the coordinator ports' listeners are the first). Until here SIGTERM and SIGINT end the
     // agent at once, so an agent still waiting for a head that gave up (srun's SIGTERM when

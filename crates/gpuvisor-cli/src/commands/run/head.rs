@@ -300,6 +300,24 @@ impl Context<'_> {
     ) -> Result<Vec<Agent>, Halt> {
         let timeout = Duration::from_millis(self.job.cluster.preflight_timeout_ms);
         let mut agents = self.accept_agents(token, srun, timeout, inputs)?;
+        match self.plan_and_probe(round, &mut agents, timeout, inputs) {
+            Ok(()) => Ok(agents),
+            Err(halt) => {
+                // The agents end quietly; the head says why, once.
+                abort_all(&mut agents, "the job did not start");
+                Err(halt)
+            }
+        }
+    }
+
+    /// The agents plan their nodes and probe the coordinators; Ok: they were told to start.
+    fn plan_and_probe(
+        &mut self,
+        round: u32,
+        agents: &mut [Agent],
+        timeout: Duration,
+        inputs: &Receiver<Input>,
+    ) -> Result<(), Halt> {
         // Plans.
         for (index, agent) in agents.iter_mut().enumerate() {
             let suffix = if round == 0 {
@@ -355,7 +373,7 @@ impl Context<'_> {
                 }
                 AgentMsg::Failed { message, bad_input } => {
                     let text = format!("node {} could not plan its share: {message}", agent.node);
-                    abort_all(&mut agents, &text);
+                    abort_all(agents, &text);
                     return Err(Halt::Failed(if bad_input {
                         Failure::bad_input(text)
                     } else {
@@ -453,7 +471,7 @@ impl Context<'_> {
                 if pairs.len() == 1 { "" } else { "s" },
                 pairs.join("\n")
             );
-            abort_all(&mut agents, "preflight failed");
+            abort_all(agents, "preflight failed");
             return Err(Halt::Failed(Failure::unavailable(text)));
         }
         let coordinators: BTreeMap<String, ProbeTarget> = targets
@@ -465,7 +483,7 @@ impl Context<'_> {
                 coordinators: coordinators.clone(),
             })?;
         }
-        Ok(agents)
+        Ok(())
     }
 
     /// Waits for one agent per node (within `timeout`), checking each one's token and node.
@@ -503,9 +521,11 @@ impl Context<'_> {
                 break;
             }
             if let Some(status) = self.interrupted(inputs) {
+                let_go(&mut by_node);
                 return Err(Halt::Stopped(status));
             }
             if let Some(status) = srun.try_wait()? {
+                let_go(&mut by_node);
                 let missing = self.missing(&by_node);
                 return Err(Halt::Failed(self.preflight_failure(format!(
                     "srun ended ({status}) before the agents of {} connected; its error is above\n  hint: check that the allocation still holds these nodes (squeue, sinfo) and that {} exists on every node",
@@ -514,6 +534,7 @@ impl Context<'_> {
                 ))));
             }
             if Instant::now() >= deadline {
+                let_go(&mut by_node);
                 let missing = self.missing(&by_node);
                 let pairs: Vec<String> = missing
                     .iter()
@@ -1039,6 +1060,15 @@ fn hello(stream: TcpStream, token: &str) -> Option<Agent> {
             })
         }
         _ => None,
+    }
+}
+
+/// Tells the agents that joined that the job will not start (they end quietly).
+fn let_go(joined: &mut BTreeMap<String, Agent>) {
+    for agent in joined.values_mut() {
+        let _ = agent.sender.send(&HeadMsg::Abort {
+            reason: "the job did not start".to_string(),
+        });
     }
 }
 
