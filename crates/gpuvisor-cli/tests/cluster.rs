@@ -911,3 +911,33 @@ fn a_head_killed_during_the_preflight_leaves_no_agent_behind() {
         std::thread::sleep(Duration::from_millis(100));
     }
 }
+
+#[test]
+fn an_srun_that_cannot_start_leaves_a_closed_record() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let bin = fake_srun_dir(dir.path());
+    std::fs::set_permissions(bin.join("srun"), std::fs::Permissions::from_mode(0o644)).unwrap();
+    let job = dir.path().join("job.toml");
+    std::fs::write(
+        &job,
+        "[process.worker]\ncommand = [\"true\"]\ndevice = \"cpu\"\n",
+    )
+    .unwrap();
+    let run = dir.path().join("run");
+    let output = in_allocation(THREE, &bin)
+        .args(["run", job.to_str().unwrap(), "--run-dir"])
+        .arg(&run)
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("cannot start"), "{stderr}");
+    assert!(
+        !run.join("control.sock").exists(),
+        "the control socket stays"
+    );
+    let events = events(&run);
+    assert_eq!(events.last().unwrap()["kind"], "job-end", "{events:?}");
+}

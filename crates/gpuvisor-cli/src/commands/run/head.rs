@@ -170,7 +170,7 @@ pub fn head(args: &RunArgs, job: JobSpec, allocation: Allocation) -> Result<Exit
     let mut round = 0u32;
     let (status, rows) = loop {
         let token = new_token()?;
-        let mut srun = srun_command(
+        let mut srun = match srun_command(
             &srun,
             nodes.len(),
             &gpuvisor,
@@ -179,7 +179,17 @@ pub fn head(args: &RunArgs, job: JobSpec, allocation: Allocation) -> Result<Exit
             &args.srun_args,
         )
         .spawn()
-        .map_err(|error| Failure::unavailable(format!("cannot start srun: {error}")))?;
+        {
+            Ok(srun) => srun,
+            Err(error) => {
+                let _ = std::fs::remove_file(run_dir.socket_path());
+                events.write(&Event::new("job-end").with("status", 1));
+                return Err(Failure::unavailable(format!(
+                    "cannot start {}: {error}\n  hint: check that Slurm's srun works here (`srun --version`)",
+                    srun.display()
+                )));
+            }
+        };
         context.round = round;
         let agents = match context.start_round(round, &token, &mut srun, &receiver) {
             Ok(agents) => agents,
