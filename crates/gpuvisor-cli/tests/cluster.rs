@@ -941,3 +941,52 @@ fn an_srun_that_cannot_start_leaves_a_closed_record() {
     let events = events(&run);
     assert_eq!(events.last().unwrap()["kind"], "job-end", "{events:?}");
 }
+
+#[test]
+fn one_node_that_cannot_plan_stops_the_job_before_anything_starts() {
+    let dir = tempfile::tempdir().unwrap();
+    let bin = fake_srun_dir(dir.path());
+    let job = dir.path().join("job.toml");
+    // The third node's share does not fit its GPU; the others' does.
+    std::fs::write(
+        &job,
+        r#"
+[process.worker]
+command = ["touch", "started"]
+memory = "2GiB"
+
+[process.big]
+command = ["touch", "started"]
+memory = "40GiB"
+nodes = [2]
+"#,
+    )
+    .unwrap();
+    let run = dir.path().join("run");
+    let output = in_allocation(THREE, &bin)
+        .args([
+            "run",
+            job.to_str().unwrap(),
+            "--simulate",
+            "1x24GiB",
+            "--run-dir",
+        ])
+        .arg(&run)
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("node 127.0.0.3 could not plan its share"),
+        "{stderr}"
+    );
+    // Only the node that failed says so; the others were told to end quietly.
+    assert!(!stderr.contains("127.0.0.1: task exited"), "{stderr}");
+    assert!(!stderr.contains("127.0.0.2: task exited"), "{stderr}");
+    assert!(!dir.path().join("started").exists(), "nothing started");
+    assert!(!run.join("control.sock").exists());
+    let events = events(&run);
+    assert_eq!(events.last().unwrap()["kind"], "job-end");
+    assert_eq!(events.last().unwrap()["status"], 2);
+}
