@@ -204,7 +204,14 @@ pub fn head(args: &RunArgs, job: JobSpec, allocation: Allocation) -> Result<Exit
                         Err(failure)
                     }
                     Halt::Stopped(status) => {
-                        eprintln!("gpuvisor: stopped during the preflight; nothing was started");
+                        eprintln!(
+                            "gpuvisor: stopped during the preflight; {}",
+                            if round == 0 {
+                                "nothing was started"
+                            } else {
+                                "the job was not started again"
+                            }
+                        );
                         events.write(&Event::new("job-end").with("status", status));
                         Ok(ExitCode::from(status))
                     }
