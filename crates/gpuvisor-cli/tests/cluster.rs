@@ -990,3 +990,32 @@ nodes = [2]
     assert_eq!(events.last().unwrap()["kind"], "job-end");
     assert_eq!(events.last().unwrap()["status"], 2);
 }
+
+#[test]
+fn a_head_paused_longer_than_node_timeout_loses_no_node_when_it_resumes() {
+    let dir = tempfile::tempdir().unwrap();
+    let (child, run) = start_long(dir.path(), "node_timeout = \"2s\"");
+    // Ctrl-Z on the head's terminal, or a machine that stalls: the agents go on meanwhile.
+    let head = child.id().to_string();
+    Command::new("kill")
+        .args(["-STOP", &head])
+        .status()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(4));
+    Command::new("kill")
+        .args(["-CONT", &head])
+        .status()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(1));
+    let stop = util::gpuvisor().arg("stop").arg(&run).output().unwrap();
+    let (code, stderr) = wait_output(child);
+    assert!(
+        stop.status.success(),
+        "{}",
+        String::from_utf8_lossy(&stop.stderr)
+    );
+    assert_eq!(code, Some(0), "{stderr}");
+    let kinds = kinds(&events(&run));
+    assert!(!kinds.contains(&"node-lost".to_string()), "{kinds:?}");
+    assert_eq!(kinds.iter().filter(|kind| *kind == "node-end").count(), 3);
+}

@@ -287,6 +287,10 @@ fn failure_status(failure: &Failure) -> u8 {
     }
 }
 
+/// A gap this long between two turns of the head's loop (which turns at least every 500 ms)
+/// means the head itself was not running.
+const HEAD_STALL: Duration = Duration::from_secs(2);
+
 /// Everything a round needs.
 struct Context<'a> {
     job: &'a JobSpec,
@@ -747,6 +751,7 @@ impl Context<'_> {
         let mut signals_seen = 0;
         let mut last_record = Instant::now() - Duration::from_secs(1);
         let mut gates = Gates::new(&self.plans);
+        let mut last_turn = Instant::now();
         while over.iter().any(|over| !over) {
             let input = match receiver.recv_timeout(Duration::from_millis(500)) {
                 Ok(input) => Some(input),
@@ -847,6 +852,13 @@ impl Context<'_> {
                 }
                 None => {}
             }
+            // A head that did not run for a while (Ctrl-Z, a stalled machine) heard nothing
+            // meanwhile, whatever the nodes sent: their silence is no evidence, and their
+            // queued words are still to be read. Every node gets a fresh node_timeout.
+            if last_turn.elapsed() > HEAD_STALL {
+                last_seen.iter_mut().for_each(|seen| *seen = Instant::now());
+            }
+            last_turn = Instant::now();
             // A node silent for too long is lost (a crashed or partitioned machine may never
             // close its connection).
             for index in 0..count {
