@@ -236,6 +236,10 @@ distributed = true
     );
     assert!(stderr.contains("hint: "), "{stderr}");
     assert!(!dir.path().join("started").exists(), "nothing started");
+    assert!(
+        !run.join("control.sock").exists(),
+        "the control socket stays"
+    );
     let events = events(&run);
     let kinds = kinds(&events);
     assert!(kinds.contains(&"preflight-failed".to_string()), "{kinds:?}");
@@ -250,6 +254,11 @@ distributed = true
 /// Starts a long job on three nodes; returns the child and the run directory once every
 /// replica runs.
 fn start_long(dir: &Path, cluster: &str) -> (Child, PathBuf) {
+    start_long_with(dir, cluster, &[])
+}
+
+/// [`start_long`] with more variables for the head (and the stand-in srun).
+fn start_long_with(dir: &Path, cluster: &str, env: &[(&str, &Path)]) -> (Child, PathBuf) {
     let bin = fake_srun_dir(dir);
     let job = dir.join("job.toml");
     std::fs::write(
@@ -270,6 +279,7 @@ device = "cpu"
     let child = in_allocation(THREE, &bin)
         .args(["run", job.to_str().unwrap(), "--quiet", "--run-dir"])
         .arg(&run)
+        .envs(env.iter().copied())
         .current_dir(dir)
         .stderr(Stdio::piped())
         .spawn()
@@ -504,4 +514,508 @@ fn restart_and_stop_of_one_process_reach_every_node_that_runs_it() {
     assert!(stop.status.success());
     let (code, stderr) = wait_output(child);
     assert_eq!(code, Some(0), "{stderr}");
+}
+
+/// Whether any process of process group `group` is still there (zombies aside).
+fn group_alive(group: i32) -> Vec<i32> {
+    let mut alive = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
+        // After the command's `)`: state, ppid, pgrp.
+        let Some((_, rest)) = stat.rsplit_once(") ") else {
+            continue;
+        };
+        let fields: Vec<&str> = rest.split(' ').collect();
+        if fields.len() > 2 && fields[0] != "Z" && fields[2] == group.to_string() {
+            alive.push(pid);
+        }
+    }
+    alive
+}
+
+/// Whether `pid` runs (a zombie does not).
+fn running(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|stat| !stat.contains(") Z "))
+        .unwrap_or(false)
+}
+
+/// A head whose third node never comes up, so it stays in its preflight (for `timeout`);
+/// returns it once two agents have had the time to connect, with the run and srun's pid file.
+fn stuck_in_preflight(dir: &Path) -> (Child, PathBuf, PathBuf) {
+    let bin = fake_srun_dir(dir);
+    let job = dir.join("job.toml");
+    std::fs::write(
+        &job,
+        r#"
+[cluster]
+preflight_timeout = "60s"
+
+[process.worker]
+command = ["touch", "started"]
+device = "cpu"
+"#,
+    )
+    .unwrap();
+    let run = dir.join("run");
+    let srun_pid = dir.join("srun.pid");
+    let child = in_allocation(THREE, &bin)
+        .args(["run", job.to_str().unwrap(), "--run-dir"])
+        .arg(&run)
+        .env("FAKE_SRUN_SKIP", "127.0.0.3")
+        .env("FAKE_SRUN_PID", &srun_pid)
+        .current_dir(dir)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !srun_pid.exists() || !run.join("control.sock").exists() {
+        assert!(Instant::now() < deadline, "srun never started");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    (child, run, srun_pid)
+}
+
+/// What a head stopped during its preflight must leave: no srun, no agent, no socket, a
+/// `job-end` with `status`, nothing started.
+fn nothing_left_after_preflight(dir: &Path, run: &Path, srun_pid: &Path, status: i64) {
+    let srun: i32 = std::fs::read_to_string(srun_pid)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(!running(srun), "srun {srun} still runs");
+    assert_eq!(group_alive(srun), Vec::<i32>::new(), "srun's tasks remain");
+    assert!(
+        !run.join("control.sock").exists(),
+        "the control socket stays"
+    );
+    assert!(!dir.join("started").exists(), "a worker started");
+    let events = events(run);
+    let last = events.last().unwrap();
+    assert_eq!(last["kind"], "job-end", "{events:?}");
+    assert_eq!(last["status"], status, "{events:?}");
+}
+
+#[test]
+fn ctrl_c_during_the_preflight_stops_srun_and_exits_130() {
+    let dir = tempfile::tempdir().unwrap();
+    let (child, run, srun_pid) = stuck_in_preflight(dir.path());
+    let started = Instant::now();
+    Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    let (code, stderr) = wait_output(child);
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "took {:?}: {stderr}",
+        started.elapsed()
+    );
+    assert_eq!(code, Some(130), "{stderr}");
+    assert!(stderr.contains("nothing was started"), "{stderr}");
+    assert!(
+        !stderr.contains("task exited"),
+        "the agents end quietly: {stderr}"
+    );
+    nothing_left_after_preflight(dir.path(), &run, &srun_pid, 130);
+}
+
+#[test]
+fn gpuvisor_stop_during_the_preflight_ends_the_job_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let (child, run, srun_pid) = stuck_in_preflight(dir.path());
+    let started = Instant::now();
+    let stop = util::gpuvisor().arg("stop").arg(&run).output().unwrap();
+    assert!(
+        stop.status.success(),
+        "{}",
+        String::from_utf8_lossy(&stop.stderr)
+    );
+    let (code, stderr) = wait_output(child);
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "took {:?}: {stderr}",
+        started.elapsed()
+    );
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(stderr.contains("nothing was started"), "{stderr}");
+    nothing_left_after_preflight(dir.path(), &run, &srun_pid, 0);
+}
+
+/// The pids of the workers every node started (from the nodes' own records).
+fn worker_pids(run: &Path) -> Vec<i32> {
+    let mut pids = Vec::new();
+    for node in std::fs::read_dir(run.join("nodes")).unwrap().flatten() {
+        let text = std::fs::read_to_string(node.path().join("events.jsonl")).unwrap_or_default();
+        for event in text
+            .lines()
+            .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+        {
+            if event["kind"] == "start" {
+                pids.push(event["pid"].as_i64().unwrap() as i32);
+            }
+        }
+    }
+    pids
+}
+
+#[test]
+fn a_killed_head_stops_every_node_s_processes_quickly() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut child, run) = start_long(dir.path(), "");
+    let workers = worker_pids(&run);
+    assert_eq!(workers.len(), 3, "{workers:?}");
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let left: Vec<i32> = workers
+            .iter()
+            .copied()
+            .filter(|pid| running(*pid))
+            .collect();
+        if left.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "workers {left:?} outlive the head"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn three_ctrl_cs_end_the_job_with_130_not_as_lost_nodes() {
+    let dir = tempfile::tempdir().unwrap();
+    // Workers that shrug off SIGTERM, so the first Ctrl-C's orderly stop takes its grace.
+    let bin = fake_srun_dir(dir.path());
+    let job = dir.path().join("job.toml");
+    std::fs::write(
+        &job,
+        r#"
+[process.worker]
+command = ["sh", "-c", "trap '' TERM INT; echo up; sleep 60"]
+device = "cpu"
+"#,
+    )
+    .unwrap();
+    let run = dir.path().join("run");
+    let child = in_allocation(THREE, &bin)
+        .args(["run", job.to_str().unwrap(), "--quiet", "--run-dir"])
+        .arg(&run)
+        .current_dir(dir.path())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while worker_pids_if_any(&run).len() < 3 {
+        assert!(Instant::now() < deadline, "the job did not start");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let workers = worker_pids(&run);
+    for _ in 0..3 {
+        Command::new("kill")
+            .args(["-INT", &child.id().to_string()])
+            .status()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(700));
+    }
+    let started = Instant::now();
+    let (code, stderr) = wait_output(child);
+    assert!(started.elapsed() < Duration::from_secs(20), "{stderr}");
+    assert_eq!(code, Some(130), "{stderr}");
+    assert!(
+        !stderr.contains("gpuvisor: node"),
+        "no node is reported lost: {stderr}"
+    );
+    assert!(
+        stderr.contains("killed with node 127.0.0.2's agent"),
+        "{stderr}"
+    );
+    assert!(!run.join("control.sock").exists());
+    let kinds = kinds(&events(&run));
+    assert!(!kinds.contains(&"node-lost".to_string()), "{kinds:?}");
+    assert_eq!(kinds.last().map(String::as_str), Some("job-end"));
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while workers.iter().any(|pid| running(*pid)) {
+        assert!(Instant::now() < deadline, "workers outlive the job");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn worker_pids_if_any(run: &Path) -> Vec<i32> {
+    if run.join("nodes").is_dir() {
+        worker_pids(run)
+    } else {
+        Vec::new()
+    }
+}
+
+#[test]
+fn stray_connections_to_the_head_do_not_hold_up_the_agents() {
+    use std::io::Write;
+    use std::net::TcpStream;
+    let dir = tempfile::tempdir().unwrap();
+    let bin = fake_srun_dir(dir.path());
+    let job = dir.path().join("job.toml");
+    std::fs::write(
+        &job,
+        r#"
+[cluster]
+preflight_timeout = "6s"
+
+[process.worker]
+command = ["true"]
+device = "cpu"
+"#,
+    )
+    .unwrap();
+    let run = dir.path().join("run");
+    let child = in_allocation(THREE, &bin)
+        .args(["run", job.to_str().unwrap(), "--quiet", "--run-dir"])
+        .arg(&run)
+        .env("FAKE_SRUN_DELAY", "1")
+        .current_dir(dir.path())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let head = loop {
+        let start = events_if_any(&run)
+            .into_iter()
+            .find(|event| event["kind"] == "job-start");
+        if let Some(start) = start {
+            break start["head"].as_str().unwrap().to_string();
+        }
+        assert!(Instant::now() < deadline, "no job-start");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    // Before the agents: silent connections, a half line, garbage, a wrong token and a
+    // would-be agent for a node the step does not have; all held open.
+    let mut strays: Vec<TcpStream> = (0..3).map(|_| TcpStream::connect(&head).unwrap()).collect();
+    for text in [
+        "{\"msg\":\"hello\"".to_string(),
+        "GET / HTTP/1.0\n".to_string(),
+        "{\"msg\":\"hello\",\"token\":\"guess\",\"node\":\"127.0.0.1\",\"pid\":1}\n".to_string(),
+    ] {
+        let mut stream = TcpStream::connect(&head).unwrap();
+        stream.write_all(text.as_bytes()).unwrap();
+        strays.push(stream);
+    }
+    let (code, stderr) = wait_output(child);
+    assert_eq!(code, Some(0), "{stderr}");
+    let kinds = kinds(&events(&run));
+    assert_eq!(kinds.iter().filter(|kind| *kind == "node-end").count(), 3);
+    drop(strays);
+}
+
+fn events_if_any(run: &Path) -> Vec<Value> {
+    if run.join("events.jsonl").exists() {
+        events(run)
+    } else {
+        Vec::new()
+    }
+}
+
+#[test]
+fn an_agent_whose_node_name_is_not_in_the_step_is_named_when_the_preflight_fails() {
+    let dir = tempfile::tempdir().unwrap();
+    let bin = fake_srun_dir(dir.path());
+    let job = dir.path().join("job.toml");
+    std::fs::write(
+        &job,
+        "[cluster]\npreflight_timeout = \"2s\"\n\n[process.worker]\ncommand = [\"true\"]\ndevice = \"cpu\"\n",
+    )
+    .unwrap();
+    let output = in_allocation(THREE, &bin)
+        .args(["run", job.to_str().unwrap(), "--run-dir"])
+        .arg(dir.path().join("run"))
+        .env("FAKE_SRUN_NAME_SUFFIX", ".cluster")
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("1 of 3 nodes never connected"), "{stderr}");
+    assert!(
+        stderr.contains("calls its node `127.0.0.3.cluster`, which is not a node of this step"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn srun_killed_with_its_agents_mid_run_loses_every_node_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let srun_pid = dir.path().join("srun.pid");
+    let (child, run) = start_long_with(dir.path(), "", &[("FAKE_SRUN_PID", &srun_pid)]);
+    let workers = worker_pids(&run);
+    let srun = std::fs::read_to_string(&srun_pid)
+        .unwrap()
+        .trim()
+        .to_string();
+    // The whole step at once: srun and every agent in its process group.
+    Command::new("kill")
+        .args(["-9", "--", &format!("-{srun}")])
+        .status()
+        .unwrap();
+    let (code, stderr) = wait_output(child);
+    assert_eq!(code, Some(1), "{stderr}");
+    for node in ["127.0.0.1", "127.0.0.2", "127.0.0.3"] {
+        assert!(
+            stderr.contains(&format!("lost with node {node}")),
+            "{stderr}"
+        );
+    }
+    let events = events(&run);
+    let lost: Vec<&str> = events
+        .iter()
+        .filter(|e| e["kind"] == "node-lost")
+        .map(|e| e["node"].as_str().unwrap())
+        .collect();
+    assert_eq!(lost.len(), 3, "each node lost once: {lost:?}");
+    assert_eq!(events.last().unwrap()["kind"], "job-end");
+    assert!(!run.join("control.sock").exists());
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while workers.iter().any(|pid| running(*pid)) {
+        assert!(Instant::now() < deadline, "workers outlive their agents");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn a_head_killed_during_the_preflight_leaves_no_agent_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut child, _run, srun_pid) = stuck_in_preflight(dir.path());
+    let srun: i32 = std::fs::read_to_string(&srun_pid)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    // The agents that joined see the connection close and end; srun with them. (The node
+    // that never came up has no agent.)
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !group_alive(srun).is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "left behind: {:?}",
+            group_alive(srun)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn an_srun_that_cannot_start_leaves_a_closed_record() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let bin = fake_srun_dir(dir.path());
+    std::fs::set_permissions(bin.join("srun"), std::fs::Permissions::from_mode(0o644)).unwrap();
+    let job = dir.path().join("job.toml");
+    std::fs::write(
+        &job,
+        "[process.worker]\ncommand = [\"true\"]\ndevice = \"cpu\"\n",
+    )
+    .unwrap();
+    let run = dir.path().join("run");
+    let output = in_allocation(THREE, &bin)
+        .args(["run", job.to_str().unwrap(), "--run-dir"])
+        .arg(&run)
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("cannot start"), "{stderr}");
+    assert!(
+        !run.join("control.sock").exists(),
+        "the control socket stays"
+    );
+    let events = events(&run);
+    assert_eq!(events.last().unwrap()["kind"], "job-end", "{events:?}");
+}
+
+#[test]
+fn one_node_that_cannot_plan_stops_the_job_before_anything_starts() {
+    let dir = tempfile::tempdir().unwrap();
+    let bin = fake_srun_dir(dir.path());
+    let job = dir.path().join("job.toml");
+    // The third node's share does not fit its GPU; the others' does.
+    std::fs::write(
+        &job,
+        r#"
+[process.worker]
+command = ["touch", "started"]
+memory = "2GiB"
+
+[process.big]
+command = ["touch", "started"]
+memory = "40GiB"
+nodes = [2]
+"#,
+    )
+    .unwrap();
+    let run = dir.path().join("run");
+    let output = in_allocation(THREE, &bin)
+        .args([
+            "run",
+            job.to_str().unwrap(),
+            "--simulate",
+            "1x24GiB",
+            "--run-dir",
+        ])
+        .arg(&run)
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("node 127.0.0.3 could not plan its share"),
+        "{stderr}"
+    );
+    // Only the node that failed says so; the others were told to end quietly.
+    assert!(!stderr.contains("127.0.0.1: task exited"), "{stderr}");
+    assert!(!stderr.contains("127.0.0.2: task exited"), "{stderr}");
+    assert!(!dir.path().join("started").exists(), "nothing started");
+    assert!(!run.join("control.sock").exists());
+    let events = events(&run);
+    assert_eq!(events.last().unwrap()["kind"], "job-end");
+    assert_eq!(events.last().unwrap()["status"], 2);
+}
+
+#[test]
+fn a_head_paused_longer_than_node_timeout_loses_no_node_when_it_resumes() {
+    let dir = tempfile::tempdir().unwrap();
+    let (child, run) = start_long(dir.path(), "node_timeout = \"2s\"");
+    // Ctrl-Z on the head's terminal, or a machine that stalls: the agents go on meanwhile.
+    let head = child.id().to_string();
+    Command::new("kill")
+        .args(["-STOP", &head])
+        .status()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(4));
+    Command::new("kill")
+        .args(["-CONT", &head])
+        .status()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(1));
+    let stop = util::gpuvisor().arg("stop").arg(&run).output().unwrap();
+    let (code, stderr) = wait_output(child);
+    assert!(
+        stop.status.success(),
+        "{}",
+        String::from_utf8_lossy(&stop.stderr)
+    );
+    assert_eq!(code, Some(0), "{stderr}");
+    let kinds = kinds(&events(&run));
+    assert!(!kinds.contains(&"node-lost".to_string()), "{kinds:?}");
+    assert_eq!(kinds.iter().filter(|kind| *kind == "node-end").count(), 3);
 }

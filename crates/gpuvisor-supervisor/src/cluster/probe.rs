@@ -169,6 +169,20 @@ mod tests {
     }
 
     #[test]
+    fn two_worlds_on_one_node_hold_two_ports_each_answering_for_its_own() {
+        let learner = ProbeListener::bind("learner").unwrap();
+        let trainer = ProbeListener::bind("trainer").unwrap();
+        assert_ne!(learner.port(), trainer.port());
+        let timeout = Duration::from_secs(2);
+        probe("127.0.0.1", learner.port(), "learner", timeout).unwrap();
+        probe("127.0.0.1", trainer.port(), "trainer", timeout).unwrap();
+        assert!(probe("127.0.0.1", trainer.port(), "learner", timeout).is_err());
+        // One closing leaves the other answering.
+        learner.close();
+        probe("127.0.0.1", trainer.port(), "trainer", timeout).unwrap();
+    }
+
+    #[test]
     fn an_unknown_host_is_named() {
         let error =
             probe("no-such-host.invalid", 1, "learner", Duration::from_secs(1)).unwrap_err();

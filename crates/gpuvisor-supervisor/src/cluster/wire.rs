@@ -219,21 +219,19 @@ pub struct Receiver {
 
 impl Receiver {
     /// The next message; `Ok(None)` when the peer closed the connection. A line that is not a
-    /// message is an `InvalidData` error naming it.
+    /// message is an `InvalidData` error naming it. A read that times out (see
+    /// [`Receiver::set_timeout`]) keeps the part of a line it got for the next call.
     pub fn recv<T: DeserializeOwned>(&mut self) -> io::Result<Option<T>> {
-        self.line.clear();
-        if self.reader.read_line(&mut self.line)? == 0 {
+        if self.reader.read_line(&mut self.line)? == 0 && self.line.is_empty() {
             return Ok(None);
         }
-        serde_json::from_str(self.line.trim_end())
+        let line = std::mem::take(&mut self.line);
+        serde_json::from_str(line.trim_end())
             .map(Some)
             .map_err(|error| {
                 io::Error::new(
                     io::ErrorKind::InvalidData,
-                    format!(
-                        "not a gpuvisor message ({error}): {:.200}",
-                        self.line.trim_end()
-                    ),
+                    format!("not a gpuvisor message ({error}): {:.200}", line.trim_end()),
                 )
             })
     }
@@ -313,5 +311,38 @@ mod tests {
         let error = receiver.recv::<AgentMsg>().unwrap_err();
         assert_eq!(error.kind(), io::ErrorKind::InvalidData);
         assert!(error.to_string().contains("GET / HTTP"), "{error}");
+    }
+
+    #[test]
+    fn a_message_split_across_a_timed_out_read_arrives_whole() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let address = listener.local_addr().unwrap();
+        let (go_on, wait) = std::sync::mpsc::channel::<()>();
+        let client = std::thread::spawn(move || {
+            let mut stream = TcpStream::connect(address).unwrap();
+            stream.write_all(br#"{"msg":"abort","#).unwrap();
+            wait.recv().unwrap();
+            stream.write_all(br#""reason":"x"}"#).unwrap();
+            stream.write_all(b"\n").unwrap();
+        });
+        let (stream, _) = listener.accept().unwrap();
+        let (_, mut receiver) = split(stream).unwrap();
+        receiver
+            .set_timeout(Some(Duration::from_millis(100)))
+            .unwrap();
+        let error = receiver.recv::<HeadMsg>().unwrap_err();
+        assert!(
+            matches!(
+                error.kind(),
+                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+            ),
+            "{error}"
+        );
+        go_on.send(()).unwrap();
+        receiver.set_timeout(Some(Duration::from_secs(5))).unwrap();
+        let message: HeadMsg = receiver.recv().unwrap().unwrap();
+        assert_eq!(message, HeadMsg::Abort { reason: "x".into() });
+        client.join().unwrap();
+        assert!(receiver.recv::<HeadMsg>().unwrap().is_none());
     }
 }

@@ -69,12 +69,6 @@ fn connect(head: &str) -> io::Result<TcpStream> {
 
 /// Runs the agent to the end of its node's share.
 pub fn agent(args: AgentArgs) -> Result<ExitCode, Failure> {
-    // Signals go to the supervisor's signal thread: block them before any thread exists.
-    let mut signals = SigSet::empty();
-    for signal in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
-        signals.add(signal);
-    }
-    signals.thread_block().map_err(Failure::unavailable)?;
     let token = std::env::var(TOKEN_ENV).unwrap_or_default();
     let node = node_name();
     let stream = connect(&args.head).map_err(|error| {
@@ -96,20 +90,34 @@ pub fn agent(args: AgentArgs) -> Result<ExitCode, Failure> {
         node: node.clone(),
         pid: std::process::id(),
     })?;
-    let Some(HeadMsg::Assign {
-        job_path,
-        job_source,
-        nodes,
-        index,
-        record,
-        logs,
-        simulate,
-        quiet,
-    }) = receiver.recv::<HeadMsg>()?
-    else {
-        // The head went away or refused us; it says why on its side.
-        return Ok(ExitCode::from(1));
-    };
+    let (job_path, job_source, nodes, index, record, logs, simulate, quiet) =
+        match receiver.recv::<HeadMsg>()? {
+            Some(HeadMsg::Assign {
+                job_path,
+                job_source,
+                nodes,
+                index,
+                record,
+                logs,
+                simulate,
+                quiet,
+            }) => (
+                job_path, job_source, nodes, index, record, logs, simulate, quiet,
+            ),
+            // The head stopped before the job started; it says why, once for the job.
+            Some(HeadMsg::Abort { .. }) => return Ok(ExitCode::SUCCESS),
+            // The head went away or refused us; it says why on its side.
+            _ => return Ok(ExitCode::from(1)),
+        };
+    // Signals go to the supervisor's signal thread: block them before any thread exists
+    // (the coordinator ports' listeners are the first). Until here SIGTERM and SIGINT end the
+    // agent at once, so an agent still waiting for a head that gave up (srun's SIGTERM when
+    // the head stops during its preflight) does not hang on.
+    let mut signals = SigSet::empty();
+    for signal in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
+        signals.add(signal);
+    }
+    signals.thread_block().map_err(Failure::unavailable)?;
     let mut prepared = match prepare(&job_path, &job_source, &nodes, index, simulate.as_deref()) {
         Ok(prepared) => prepared,
         Err(failure) => {

@@ -48,6 +48,26 @@ enum Input {
     Signal(Signal),
 }
 
+/// Why a round's start-up (connect, plan, preflight) ended before its processes started.
+enum Halt {
+    /// It failed: the error to print.
+    Failed(Failure),
+    /// A signal or `gpuvisor stop` ended it: the exit status.
+    Stopped(u8),
+}
+
+impl From<Failure> for Halt {
+    fn from(failure: Failure) -> Self {
+        Halt::Failed(failure)
+    }
+}
+
+impl From<std::io::Error> for Halt {
+    fn from(error: std::io::Error) -> Self {
+        Halt::Failed(error.into())
+    }
+}
+
 /// How one round (one srun of agents) ended.
 struct RoundEnd {
     /// Per node: its status and summary rows, if it finished.
@@ -150,7 +170,7 @@ pub fn head(args: &RunArgs, job: JobSpec, allocation: Allocation) -> Result<Exit
     let mut round = 0u32;
     let (status, rows) = loop {
         let token = new_token()?;
-        let mut srun = srun_command(
+        let mut srun = match srun_command(
             &srun,
             nodes.len(),
             &gpuvisor,
@@ -159,14 +179,43 @@ pub fn head(args: &RunArgs, job: JobSpec, allocation: Allocation) -> Result<Exit
             &args.srun_args,
         )
         .spawn()
-        .map_err(|error| Failure::unavailable(format!("cannot start srun: {error}")))?;
+        {
+            Ok(srun) => srun,
+            Err(error) => {
+                let _ = std::fs::remove_file(run_dir.socket_path());
+                events.write(&Event::new("job-end").with("status", 1));
+                return Err(Failure::unavailable(format!(
+                    "cannot start {}: {error}\n  hint: check that Slurm's srun works here (`srun --version`)",
+                    srun.display()
+                )));
+            }
+        };
         context.round = round;
-        let agents = match context.start_round(round, &token, &mut srun) {
+        let agents = match context.start_round(round, &token, &mut srun, &receiver) {
             Ok(agents) => agents,
-            Err(failure) => {
+            Err(halt) => {
+                // The agents that connected have been let go (their connections closed).
                 stop_srun(&mut srun);
-                events.write(&Event::new("job-end").with("status", failure_status(&failure)));
-                return Err(failure);
+                let _ = std::fs::remove_file(run_dir.socket_path());
+                return match halt {
+                    Halt::Failed(failure) => {
+                        events
+                            .write(&Event::new("job-end").with("status", failure_status(&failure)));
+                        Err(failure)
+                    }
+                    Halt::Stopped(status) => {
+                        eprintln!(
+                            "gpuvisor: stopped during the preflight; {}",
+                            if round == 0 {
+                                "nothing was started"
+                            } else {
+                                "the job was not started again"
+                            }
+                        );
+                        events.write(&Event::new("job-end").with("status", status));
+                        Ok(ExitCode::from(status))
+                    }
+                };
             }
         };
         let end = context.supervise_round(agents, &inputs, &receiver, &mut srun);
@@ -238,6 +287,10 @@ fn failure_status(failure: &Failure) -> u8 {
     }
 }
 
+/// A gap this long between two turns of the head's loop (which turns at least every 500 ms)
+/// means the head itself was not running.
+const HEAD_STALL: Duration = Duration::from_secs(2);
+
 /// Everything a round needs.
 struct Context<'a> {
     job: &'a JobSpec,
@@ -264,9 +317,28 @@ impl Context<'_> {
         round: u32,
         token: &str,
         srun: &mut Child,
-    ) -> Result<Vec<Agent>, Failure> {
+        inputs: &Receiver<Input>,
+    ) -> Result<Vec<Agent>, Halt> {
         let timeout = Duration::from_millis(self.job.cluster.preflight_timeout_ms);
-        let mut agents = self.accept_agents(token, srun, timeout)?;
+        let mut agents = self.accept_agents(token, srun, timeout, inputs)?;
+        match self.plan_and_probe(round, &mut agents, timeout, inputs) {
+            Ok(()) => Ok(agents),
+            Err(halt) => {
+                // The agents end quietly; the head says why, once.
+                abort_all(&mut agents, "the job did not start");
+                Err(halt)
+            }
+        }
+    }
+
+    /// The agents plan their nodes and probe the coordinators; Ok: they were told to start.
+    fn plan_and_probe(
+        &mut self,
+        round: u32,
+        agents: &mut [Agent],
+        timeout: Duration,
+        inputs: &Receiver<Input>,
+    ) -> Result<(), Halt> {
         // Plans.
         for (index, agent) in agents.iter_mut().enumerate() {
             let suffix = if round == 0 {
@@ -291,7 +363,7 @@ impl Context<'_> {
         let mut plans = Vec::new();
         let mut ports: BTreeMap<String, (String, u16)> = BTreeMap::new();
         for agent in agents.iter_mut() {
-            match recv_within(agent, timeout)? {
+            match self.recv_within(agent, timeout, inputs)? {
                 AgentMsg::Planned {
                     inventory,
                     ports: held,
@@ -322,18 +394,18 @@ impl Context<'_> {
                 }
                 AgentMsg::Failed { message, bad_input } => {
                     let text = format!("node {} could not plan its share: {message}", agent.node);
-                    abort_all(&mut agents, &text);
-                    return Err(if bad_input {
+                    abort_all(agents, &text);
+                    return Err(Halt::Failed(if bad_input {
                         Failure::bad_input(text)
                     } else {
                         Failure::unavailable(text)
-                    });
+                    }));
                 }
                 other => {
-                    return Err(Failure::unavailable(format!(
+                    return Err(Halt::Failed(Failure::unavailable(format!(
                         "{}: unexpected message before its plan: {other:?}",
                         agent.node
-                    )))
+                    ))))
                 }
             }
         }
@@ -362,13 +434,13 @@ impl Context<'_> {
         }
         let mut results: Vec<(String, Vec<ProbeResult>)> = Vec::new();
         for agent in agents.iter_mut() {
-            match recv_within(agent, timeout + Duration::from_secs(5))? {
+            match self.recv_within(agent, timeout + Duration::from_secs(5), inputs)? {
                 AgentMsg::Probed { results: probed } => results.push((agent.node.clone(), probed)),
                 other => {
-                    return Err(Failure::unavailable(format!(
+                    return Err(Halt::Failed(Failure::unavailable(format!(
                         "{}: unexpected message instead of its preflight results: {other:?}",
                         agent.node
-                    )))
+                    ))))
                 }
             }
         }
@@ -420,8 +492,8 @@ impl Context<'_> {
                 if pairs.len() == 1 { "" } else { "s" },
                 pairs.join("\n")
             );
-            abort_all(&mut agents, "preflight failed");
-            return Err(Failure::unavailable(text));
+            abort_all(agents, "preflight failed");
+            return Err(Halt::Failed(Failure::unavailable(text)));
         }
         let coordinators: BTreeMap<String, ProbeTarget> = targets
             .into_iter()
@@ -432,7 +504,7 @@ impl Context<'_> {
                 coordinators: coordinators.clone(),
             })?;
         }
-        Ok(agents)
+        Ok(())
     }
 
     /// Waits for one agent per node (within `timeout`), checking each one's token and node.
@@ -441,20 +513,49 @@ impl Context<'_> {
         token: &str,
         srun: &mut Child,
         timeout: Duration,
-    ) -> Result<Vec<Agent>, Failure> {
+        inputs: &Receiver<Input>,
+    ) -> Result<Vec<Agent>, Halt> {
         let deadline = Instant::now() + timeout;
         let mut by_node: BTreeMap<String, Agent> = BTreeMap::new();
+        // Agents this round's token let in but no node of the step is waiting for.
+        let mut refused: Vec<String> = Vec::new();
+        let (hellos, greeted) = mpsc::channel::<Option<Agent>>();
         self.listener.set_nonblocking(true)?;
-        while by_node.len() < self.nodes.len() {
+        loop {
+            while let Ok(hello) = greeted.try_recv() {
+                let Some(agent) = hello else { continue };
+                if by_node.contains_key(&agent.node) {
+                    refused.push(format!(
+                        "a second agent for {} (pid {}) was refused",
+                        agent.node, agent.pid
+                    ));
+                } else if !self.nodes.contains(&agent.node) {
+                    refused.push(format!(
+                        "an agent (pid {}) calls its node `{}`, which is not a node of this step (SLURMD_NODENAME, else the host name)",
+                        agent.pid, agent.node
+                    ));
+                } else {
+                    by_node.insert(agent.node.clone(), agent);
+                }
+            }
+            if by_node.len() == self.nodes.len() {
+                break;
+            }
+            if let Some(status) = self.interrupted(inputs) {
+                let_go(&mut by_node);
+                return Err(Halt::Stopped(status));
+            }
             if let Some(status) = srun.try_wait()? {
+                let_go(&mut by_node);
                 let missing = self.missing(&by_node);
-                return Err(self.preflight_failure(format!(
+                return Err(Halt::Failed(self.preflight_failure(format!(
                     "srun ended ({status}) before the agents of {} connected; its error is above\n  hint: check that the allocation still holds these nodes (squeue, sinfo) and that {} exists on every node",
                     missing.join(", "),
                     std::env::current_exe().map(|path| path.display().to_string()).unwrap_or_default()
-                )));
+                ))));
             }
             if Instant::now() >= deadline {
+                let_go(&mut by_node);
                 let missing = self.missing(&by_node);
                 let pairs: Vec<String> = missing
                     .iter()
@@ -466,26 +567,31 @@ impl Context<'_> {
                         )
                     })
                     .collect();
-                return Err(self.preflight_failure(format!(
+                let pairs: Vec<String> = pairs
+                    .into_iter()
+                    .chain(refused.iter().map(|why| format!("  {why}")))
+                    .collect();
+                return Err(Halt::Failed(self.preflight_failure(format!(
                     "preflight failed: {} of {} nodes never connected; nothing was started\n{}\n  hint: the nodes must reach this machine at {} (set GPUVISOR_HEAD_ADDRESS to pick another address); raise [cluster] preflight_timeout if srun is slow to start",
                     missing.len(),
                     self.nodes.len(),
                     pairs.join("\n"),
                     self.head
-                )));
+                ))));
             }
             match self.listener.accept() {
                 Ok((stream, _)) => {
-                    if let Some(agent) = hello(stream, token) {
-                        if self.nodes.contains(&agent.node) && !by_node.contains_key(&agent.node) {
-                            by_node.insert(agent.node.clone(), agent);
-                        }
-                    }
+                    // Each connection says who it is on a thread of its own: a silent or
+                    // slow stray connection must not hold up the agents behind it.
+                    let hellos = hellos.clone();
+                    let token = token.to_string();
+                    std::thread::spawn(move || {
+                        let _ = hellos.send(hello(stream, &token));
+                    });
                 }
-                Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => {
-                    std::thread::sleep(Duration::from_millis(20));
-                }
-                Err(error) => return Err(error.into()),
+                // Nothing pending; or a connection that failed before it was accepted (accept(2)
+                // passes such network errors on): neither concerns the agents.
+                Err(_) => std::thread::sleep(Duration::from_millis(20)),
             }
         }
         self.events.write(
@@ -503,6 +609,90 @@ impl Context<'_> {
             .iter()
             .filter_map(|node| by_node.remove(node))
             .collect())
+    }
+
+    /// Takes the signals and control requests that came during the start-up: a signal or a
+    /// `stop` of the whole job ends it (Some: the exit status); the rest are answered, as
+    /// nothing runs yet.
+    fn interrupted(&self, inputs: &Receiver<Input>) -> Option<u8> {
+        while let Ok(input) = inputs.try_recv() {
+            match input {
+                Input::Signal(signal) => {
+                    self.events
+                        .write(&Event::new("signal").with("signal", signal.as_str()));
+                    return Some(128 + signal as i32 as u8);
+                }
+                Input::Control((request, reply)) => {
+                    let answer = match request {
+                        Request::Stop { process: None } => {
+                            self.events.write(&Event::new("control").with(
+                                "cmd",
+                                serde_json::to_value(&request).unwrap_or(Value::Null),
+                            ));
+                            let _ = reply.send(json!({ "ok": true }));
+                            return Some(0);
+                        }
+                        Request::Ps => json!({
+                            "ok": true, "job": self.job.name, "replicas": [], "nodes": self.nodes
+                        }),
+                        Request::Sample => json!({ "ok": true, "sample": null }),
+                        _ => control::error_reply(&format!(
+                            "job {} is still in its preflight: nothing runs yet\n  hint: retry once its processes have started, or `gpuvisor stop` the whole job",
+                            self.job.name
+                        )),
+                    };
+                    let _ = reply.send(answer);
+                }
+                // A previous round's late word; that round is over.
+                Input::FromAgent(..) => {}
+            }
+        }
+        None
+    }
+
+    /// The next message of one agent within `timeout`, or the start-up's end by a signal or
+    /// `gpuvisor stop` (checked every 200 ms while it waits).
+    fn recv_within(
+        &self,
+        agent: &mut Agent,
+        timeout: Duration,
+        inputs: &Receiver<Input>,
+    ) -> Result<AgentMsg, Halt> {
+        let deadline = Instant::now() + timeout;
+        let receiver = agent
+            .receiver
+            .as_mut()
+            .expect("receivers are taken only when the round runs");
+        let message = loop {
+            if let Some(status) = self.interrupted(inputs) {
+                return Err(Halt::Stopped(status));
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            receiver.set_timeout(Some(
+                left.clamp(Duration::from_millis(1), Duration::from_millis(200)),
+            ))?;
+            match receiver.recv::<AgentMsg>() {
+                Err(error)
+                    if matches!(
+                        error.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) && !left.is_zero() => {}
+                other => break other,
+            }
+        };
+        receiver.set_timeout(None)?;
+        match message {
+            Ok(Some(message)) => Ok(message),
+            Ok(None) => Err(Halt::Failed(Failure::unavailable(format!(
+                "the agent on {} (pid {}) went away during start-up; its error is above",
+                agent.node, agent.pid
+            )))),
+            Err(error) => Err(Halt::Failed(Failure::unavailable(format!(
+                "the agent on {} did not answer within {:.0} s: {error}",
+                agent.node,
+                timeout.as_secs_f64()
+            )))),
+        }
     }
 
     fn missing(&self, joined: &BTreeMap<String, Agent>) -> Vec<String> {
@@ -556,10 +746,12 @@ impl Context<'_> {
             stopped_by: None,
         };
         let mut over = vec![false; count];
+        let mut killed = vec![false; count];
         let mut stopping = false;
         let mut signals_seen = 0;
         let mut last_record = Instant::now() - Duration::from_secs(1);
         let mut gates = Gates::new(&self.plans);
+        let mut last_turn = Instant::now();
         while over.iter().any(|over| !over) {
             let input = match receiver.recv_timeout(Duration::from_millis(500)) {
                 Ok(input) => Some(input),
@@ -660,6 +852,13 @@ impl Context<'_> {
                 }
                 None => {}
             }
+            // A head that did not run for a while (Ctrl-Z, a stalled machine) heard nothing
+            // meanwhile, whatever the nodes sent: their silence is no evidence, and their
+            // queued words are still to be read. Every node gets a fresh node_timeout.
+            if last_turn.elapsed() > HEAD_STALL {
+                last_seen.iter_mut().for_each(|seen| *seen = Instant::now());
+            }
+            last_turn = Instant::now();
             // A node silent for too long is lost (a crashed or partitioned machine may never
             // close its connection).
             for index in 0..count {
@@ -677,6 +876,12 @@ impl Context<'_> {
             }
             if let Some((index, why, kind)) = failed_node {
                 let node = agents[index].node.clone();
+                // From the second Ctrl-C on, the head itself signals srun's agents: their
+                // connections closing is the stop asked for, not a lost node.
+                if kind == "node-lost" && signals_seen >= 2 {
+                    killed[index] = true;
+                    continue;
+                }
                 self.events.write(
                     &Event::new(kind)
                         .with("node", node.clone())
@@ -696,18 +901,18 @@ impl Context<'_> {
         // A lost node's replicas never reported their end: they went with it.
         for (index, rows) in ps.into_iter().enumerate() {
             if end.done[index].is_none() {
-                let rows = rows
-                    .into_iter()
-                    .map(|row| SummaryRow {
-                        label: row.label,
-                        restarts: row.restarts,
-                        cause: format!("lost with node {}", agents[index].node),
-                        gpu_peak_bytes: row.gpu_peak_bytes,
-                        budget_bytes: row.budget_bytes,
-                        run_ms: row.uptime_ms.unwrap_or(0),
-                    })
-                    .collect();
-                end.done[index] = Some((1, rows));
+                let cause = if killed[index] {
+                    format!("killed with node {}'s agent", agents[index].node)
+                } else {
+                    format!("lost with node {}", agents[index].node)
+                };
+                let rows = lost_rows(rows, self.plans.get(index), &cause);
+                // Killed by the head's own Ctrl-C escalation: the stop's status, not a fault.
+                let status = match end.stopped_by {
+                    Some(status) if killed[index] => status,
+                    _ => 1,
+                };
+                end.done[index] = Some((status, rows));
             }
         }
         end
@@ -832,6 +1037,38 @@ impl Gates {
     }
 }
 
+/// The summary rows of a node that never reported its end: from its last `ps`, or from its
+/// plan when it went before its first `ps` (its replicas must not vanish from the summary).
+fn lost_rows(ps: Vec<PsRow>, plan: Option<&Plan>, cause: &str) -> Vec<SummaryRow> {
+    if ps.is_empty() {
+        return plan
+            .map(|plan| {
+                plan.replicas
+                    .iter()
+                    .map(|replica| SummaryRow {
+                        label: replica.label(),
+                        restarts: 0,
+                        cause: cause.to_string(),
+                        gpu_peak_bytes: None,
+                        budget_bytes: replica.budget_bytes,
+                        run_ms: 0,
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+    }
+    ps.into_iter()
+        .map(|row| SummaryRow {
+            label: row.label,
+            restarts: row.restarts,
+            cause: cause.to_string(),
+            gpu_peak_bytes: row.gpu_peak_bytes,
+            budget_bytes: row.budget_bytes,
+            run_ms: row.uptime_ms.unwrap_or(0),
+        })
+        .collect()
+}
+
 /// Reads an agent's hello; None for a connection that is not one of this round's agents.
 fn hello(stream: TcpStream, token: &str) -> Option<Agent> {
     stream.set_nonblocking(false).ok()?;
@@ -855,26 +1092,12 @@ fn hello(stream: TcpStream, token: &str) -> Option<Agent> {
     }
 }
 
-/// The next message of one agent within `timeout`.
-fn recv_within(agent: &mut Agent, timeout: Duration) -> Result<AgentMsg, Failure> {
-    let receiver = agent
-        .receiver
-        .as_mut()
-        .expect("receivers are taken only when the round runs");
-    receiver.set_timeout(Some(timeout))?;
-    let message = receiver.recv::<AgentMsg>();
-    receiver.set_timeout(None)?;
-    match message {
-        Ok(Some(message)) => Ok(message),
-        Ok(None) => Err(Failure::unavailable(format!(
-            "the agent on {} (pid {}) went away during start-up; its error is above",
-            agent.node, agent.pid
-        ))),
-        Err(error) => Err(Failure::unavailable(format!(
-            "the agent on {} did not answer within {:.0} s: {error}",
-            agent.node,
-            timeout.as_secs_f64()
-        ))),
+/// Tells the agents that joined that the job will not start (they end quietly).
+fn let_go(joined: &mut BTreeMap<String, Agent>) {
+    for agent in joined.values_mut() {
+        let _ = agent.sender.send(&HeadMsg::Abort {
+            reason: "the job did not start".to_string(),
+        });
     }
 }
 
@@ -1075,6 +1298,27 @@ mod tests {
             gates.observe(&event("restart", "learner[0]")),
             Some(("learner".to_string(), false))
         );
+    }
+
+    #[test]
+    fn a_node_lost_before_its_first_ps_still_has_its_replicas_in_the_summary() {
+        use gpuvisor_core::inventory::simulate;
+        use gpuvisor_core::spec::parse_job;
+        let job = parse_job(
+            Path::new("job.toml"),
+            "[process.actor]\ncommand=[\"a\"]\nreplicas=2\nmemory=\"1GiB\"\n",
+        )
+        .unwrap();
+        let layout = NodeLayout {
+            names: vec!["n1".to_string(), "n2".to_string()],
+            index: 1,
+        };
+        let plan = plan_node(&job, &simulate("1x24GiB").unwrap(), &layout).unwrap();
+        let rows = lost_rows(Vec::new(), Some(&plan), "lost with node n2");
+        let labels: Vec<&str> = rows.iter().map(|row| row.label.as_str()).collect();
+        assert_eq!(labels, ["actor[2]", "actor[3]"]);
+        assert!(rows.iter().all(|row| row.cause == "lost with node n2"));
+        assert!(rows.iter().all(|row| row.budget_bytes > 0));
     }
 
     #[test]

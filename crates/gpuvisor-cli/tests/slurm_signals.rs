@@ -1,0 +1,183 @@
+//! gpuvisor's head under a real Slurm (tests/slurm/cluster.sh, three nodes in network
+//! namespaces) when the user stops it: Ctrl-C while the agents cannot reach the head ends the
+//! step and exits 130; a second Ctrl-C kills every node's processes without waiting for their
+//! grace. Skipped (saying why) unless GPUVISOR_SLURM_TESTS=1; see docs/slurm-tests.md.
+
+mod slurm_cluster;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use slurm_cluster::SlurmCluster;
+
+const LIMIT: Duration = Duration::from_secs(180);
+
+/// `salloc -N<nodes> gpuvisor ARGS` with the cluster's environment.
+fn salloc(cluster: &SlurmCluster, nodes: u32, args: &[&str]) -> Command {
+    let mut command = cluster.command("salloc");
+    command
+        .arg(format!("-N{nodes}"))
+        .arg(env!("CARGO_BIN_EXE_gpuvisor"))
+        .args(args);
+    for (name, _) in std::env::vars() {
+        if name.starts_with("GPUVISOR_SIMULATE") || name == "LD_PRELOAD" {
+            command.env_remove(name);
+        }
+    }
+    command
+}
+
+fn events(run: &Path) -> Vec<Value> {
+    std::fs::read_to_string(run.join("events.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|line| serde_json::from_str(line).ok())
+        .collect()
+}
+
+fn write_job(dir: &Path, text: &str) -> PathBuf {
+    let path = dir.join("job.toml");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+#[test]
+fn ctrl_c_while_the_agents_cannot_reach_the_head_ends_the_step_and_exits_130() {
+    let Some(cluster) = SlurmCluster::up(3) else {
+        return;
+    };
+    let work = tempfile::tempdir().unwrap();
+    let dir = work.path();
+    let job = write_job(
+        dir,
+        &format!(
+            "[cluster]\npreflight_timeout = \"60s\"\n\n[process.worker]\ncommand = [\"touch\", \"{}\"]\ndevice = \"cpu\"\n",
+            dir.join("started").display()
+        ),
+    );
+    let run = dir.join("run");
+    // The head listens on loopback, which the nodes (their own network namespaces) cannot
+    // reach: the agents keep trying to connect and the head waits in its preflight.
+    let child = salloc(
+        &cluster,
+        3,
+        &[
+            "run",
+            job.to_str().unwrap(),
+            "--run-dir",
+            run.to_str().unwrap(),
+        ],
+    )
+    .env("GPUVISOR_HEAD_ADDRESS", "127.0.0.1")
+    .stdin(Stdio::null())
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
+    let deadline = Instant::now() + LIMIT;
+    let head = loop {
+        let start = events(&run)
+            .into_iter()
+            .find(|event| event["kind"] == "job-start");
+        if let Some(start) = start {
+            break start["pid"].as_i64().unwrap();
+        }
+        assert!(Instant::now() < deadline, "the head did not start");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    // The agents are up and knocking (they give up after 10 s).
+    let deadline = Instant::now() + Duration::from_secs(8);
+    while ["n1", "n2", "n3"]
+        .iter()
+        .any(|node| cluster.node_pids_named(node, "gpuvisor").is_empty())
+    {
+        assert!(Instant::now() < deadline, "the agents did not start");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let interrupted = Instant::now();
+    Command::new("kill")
+        .args(["-INT", &head.to_string()])
+        .status()
+        .unwrap();
+    let output = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(130), "{stderr}");
+    assert!(
+        interrupted.elapsed() < Duration::from_secs(9),
+        "{:?}: {stderr}",
+        interrupted.elapsed()
+    );
+    assert!(stderr.contains("nothing was started"), "{stderr}");
+    assert!(!dir.join("started").exists());
+    assert!(!run.join("control.sock").exists());
+    for node in ["n1", "n2", "n3"] {
+        assert!(
+            cluster.node_pids_named(node, "gpuvisor").is_empty(),
+            "{node} still runs gpuvisor"
+        );
+    }
+}
+
+#[test]
+fn a_second_ctrl_c_kills_every_node_s_processes_without_their_grace() {
+    let Some(cluster) = SlurmCluster::up(3) else {
+        return;
+    };
+    let work = tempfile::tempdir().unwrap();
+    let dir = work.path();
+    // Workers that ignore the stop signal, with a long grace: only an escalation ends them soon.
+    let job = write_job(
+        dir,
+        "[process.worker]\ncommand = [\"sh\", \"-c\", \"trap '' INT TERM; sleep 120\"]\ndevice = \"cpu\"\n\n[process.worker.stop]\ngrace = \"90s\"\n",
+    );
+    let run = dir.join("run");
+    let child = salloc(
+        &cluster,
+        3,
+        &[
+            "run",
+            job.to_str().unwrap(),
+            "--quiet",
+            "--run-dir",
+            run.to_str().unwrap(),
+        ],
+    )
+    .stdin(Stdio::null())
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
+    let deadline = Instant::now() + LIMIT;
+    while events(&run).iter().filter(|e| e["kind"] == "start").count() < 3 {
+        assert!(Instant::now() < deadline, "the job did not start");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let head = events(&run)
+        .iter()
+        .find(|e| e["kind"] == "job-start")
+        .unwrap()["pid"]
+        .as_i64()
+        .unwrap();
+    let interrupted = Instant::now();
+    for _ in 0..2 {
+        Command::new("kill")
+            .args(["-INT", &head.to_string()])
+            .status()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(1500));
+    }
+    let output = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let took = interrupted.elapsed();
+    eprintln!("took {took:?}\n{stderr}");
+    assert_eq!(output.status.code(), Some(130), "{stderr}");
+    assert!(took < Duration::from_secs(30), "{took:?}: {stderr}");
+    for node in ["n1", "n2", "n3"] {
+        assert!(
+            cluster.node_pids_named(node, "sleep").is_empty(),
+            "{node} still runs its worker"
+        );
+    }
+}
