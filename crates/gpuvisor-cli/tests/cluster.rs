@@ -1019,3 +1019,59 @@ fn a_head_paused_longer_than_node_timeout_loses_no_node_when_it_resumes() {
     assert!(!kinds.contains(&"node-lost".to_string()), "{kinds:?}");
     assert_eq!(kinds.iter().filter(|kind| *kind == "node-end").count(), 3);
 }
+
+#[test]
+fn every_node_enforces_its_replicas_budgets() {
+    let dir = tempfile::tempdir().unwrap();
+    let bin = fake_srun_dir(dir.path());
+    let script = util::repo_root().join("examples/cuda_alloc.py");
+    let job = dir.path().join("job.toml");
+    // Workers fit their 512 MiB on every node; the greedy one on the last node asks for 1 GiB
+    // and is refused at its budget by that node's shim, an event in the merged record.
+    std::fs::write(
+        &job,
+        format!(
+            r#"
+[process.worker]
+command = ["python3", "{script}", "--mib", "128", "--steps", "3"]
+memory = "512MiB"
+
+[process.greedy]
+command = ["python3", "{script}", "--mib", "256", "--steps", "4"]
+memory = "512MiB"
+nodes = "last"
+"#,
+            script = script.display()
+        ),
+    )
+    .unwrap();
+    let run = dir.path().join("run");
+    let output = in_allocation(THREE, &bin)
+        .args([
+            "run",
+            job.to_str().unwrap(),
+            "--simulate",
+            "1x24GiB",
+            "--run-dir",
+        ])
+        .arg(&run)
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    // The greedy replica's refusal fails its node's share, which stops the job.
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    let events = events(&run);
+    let denials: Vec<&Value> = events.iter().filter(|e| e["kind"] == "denial").collect();
+    assert!(!denials.is_empty(), "{events:?}");
+    assert!(denials
+        .iter()
+        .all(|denial| denial["process"] == "greedy" && denial["node"] == "127.0.0.3"));
+    let failed = events.iter().find(|e| e["kind"] == "node-failed").unwrap();
+    assert_eq!(failed["node"], "127.0.0.3");
+    // explain RUN names the refusal on that node's GPU.
+    let explain = util::gpuvisor().arg("explain").arg(&run).output().unwrap();
+    let text = String::from_utf8_lossy(&explain.stdout);
+    assert!(text.contains("greedy"), "{text}");
+    assert!(text.contains("was refused"), "{text}");
+}

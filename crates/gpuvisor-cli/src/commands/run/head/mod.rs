@@ -1,0 +1,378 @@
+//! The head of a multi-node run: `gpuvisor run JOB` inside a Slurm allocation. It starts one
+//! agent per node through srun, hands each the job, collects their plans, runs the preflight
+//! (every node reaches every coordinator), and only then lets them start. While the job runs
+//! it merges the nodes' events into the run's one `events.jsonl`, answers `ps`/`stop`/
+//! `restart`/`sample` on the run's control socket for all nodes, and watches for lost nodes;
+//! a lost or failed node stops the job or restarts it, as `[cluster] on_node_failure` says.
+//!
+//! [`preflight`] is the start-up (agents connect, plan, probe every coordinator), [`round`]
+//! the running job (record, control requests, lost nodes), [`merge`] what the head makes of
+//! the nodes' messages (events with their node, one sample, gates for `after`).
+
+use std::collections::BTreeMap;
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ExitCode};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::time::{Duration, Instant};
+
+use gpuvisor_core::cluster::NodeLayout;
+use gpuvisor_core::inventory::Inventory;
+use gpuvisor_core::plan::{merge_node_plans, plan_node, Plan};
+use gpuvisor_core::spec::{JobSpec, NodeFailurePolicy};
+use gpuvisor_supervisor::cluster::wire::{self, AgentMsg, HeadMsg, ProbeResult, ProbeTarget};
+use gpuvisor_supervisor::control::{self, PsRow, Request};
+use gpuvisor_supervisor::events::{Event, EventLog};
+use gpuvisor_supervisor::rundir::RunDir;
+use gpuvisor_supervisor::sample::Snapshot;
+use gpuvisor_supervisor::samples::SampleWriter;
+use gpuvisor_supervisor::supervisor::SummaryRow;
+use nix::sys::signal::{kill, killpg, SigSet, Signal};
+use nix::unistd::Pid;
+use serde_json::{json, Value};
+
+use super::slurm::{head_address, new_token, srun_command, Allocation};
+use super::RunArgs;
+use crate::failure::Failure;
+
+mod merge;
+mod preflight;
+mod round;
+
+/// One connected agent.
+struct Agent {
+    node: String,
+    pid: u32,
+    sender: wire::Sender,
+    receiver: Option<wire::Receiver>,
+}
+
+/// What the head's loop waits for.
+enum Input {
+    /// Round, agent index, message (None: its connection closed). A round's late messages
+    /// (a closed connection after its `done`) must not count against the next round.
+    FromAgent(u32, usize, Option<AgentMsg>),
+    Control(control::Incoming),
+    Signal(Signal),
+}
+
+/// Why a round's start-up (connect, plan, preflight) ended before its processes started.
+enum Halt {
+    /// It failed: the error to print.
+    Failed(Failure),
+    /// A signal or `gpuvisor stop` ended it: the exit status.
+    Stopped(u8),
+}
+
+impl From<Failure> for Halt {
+    fn from(failure: Failure) -> Self {
+        Halt::Failed(failure)
+    }
+}
+
+impl From<std::io::Error> for Halt {
+    fn from(error: std::io::Error) -> Self {
+        Halt::Failed(error.into())
+    }
+}
+
+/// How one round (one srun of agents) ended.
+struct RoundEnd {
+    /// Per node: its status and summary rows, if it finished.
+    done: Vec<Option<(u8, Vec<SummaryRow>)>>,
+    /// Nodes lost or failed, with why.
+    failures: Vec<(String, String)>,
+    /// A signal or `gpuvisor stop` ended it.
+    stopped_by: Option<u8>,
+}
+
+/// Runs the job across the allocation's nodes.
+pub fn head(args: &RunArgs, job: JobSpec, allocation: Allocation) -> Result<ExitCode, Failure> {
+    let srun = which("srun").ok_or_else(|| {
+        Failure::unavailable(
+            "this is a Slurm allocation (SLURM_JOB_ID is set) but `srun` is not on PATH\n  hint: load Slurm's client tools, or run with --local to use this machine only",
+        )
+    })?;
+    // Signals go to one thread of ours; block them before any thread exists.
+    let mut signals = SigSet::empty();
+    for signal in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
+        signals.add(signal);
+    }
+    signals.thread_block().map_err(Failure::unavailable)?;
+    let nodes = allocation.nodes.clone();
+    let address = head_address(&nodes[0])?;
+    let listener = TcpListener::bind((address, 0)).map_err(|error| {
+        Failure::unavailable(format!(
+            "cannot listen for the agents on {address}: {error}"
+        ))
+    })?;
+    let head = listener.local_addr()?.to_string();
+    let run_path = args.run_dir.clone().unwrap_or_else(|| {
+        RunDir::default_path(
+            Path::new(gpuvisor_supervisor::rundir::DEFAULT_RUNS),
+            &job.name,
+        )
+    });
+    let run_dir = RunDir::create(&run_path).map_err(Failure::bad_input)?;
+    let run_path = std::fs::canonicalize(run_dir.path())?;
+    let events = EventLog::create(&run_dir.events_path())?;
+    let job_path = std::fs::canonicalize(&args.job)?;
+    let job_source = std::fs::read_to_string(&job_path)?;
+    eprintln!(
+        "gpuvisor: running job {} on {} node{} ({}) through srun; record in {}",
+        job.name,
+        nodes.len(),
+        if nodes.len() == 1 { "" } else { "s" },
+        nodes.join(", "),
+        run_dir.path().display()
+    );
+    events.write(
+        &Event::new("job-start")
+            .with("job", job.name.clone())
+            .with("pid", std::process::id())
+            .with("nodes", nodes.clone())
+            .with("head", head.clone())
+            .with("slurm_job", allocation.job_id.clone()),
+    );
+    let (inputs, receiver) = mpsc::channel::<Input>();
+    {
+        let inputs = inputs.clone();
+        std::thread::Builder::new()
+            .name("gpuvisor-signals".into())
+            .spawn(move || {
+                while let Ok(signal) = signals.wait() {
+                    if inputs.send(Input::Signal(signal)).is_err() {
+                        return;
+                    }
+                }
+            })?;
+    }
+    let (control_sender, control_receiver) = mpsc::channel();
+    let _control = control::serve(&run_dir.socket_path(), control_sender)?;
+    {
+        let inputs = inputs.clone();
+        std::thread::spawn(move || {
+            for incoming in control_receiver {
+                if inputs.send(Input::Control(incoming)).is_err() {
+                    return;
+                }
+            }
+        });
+    }
+    let gpuvisor = std::env::current_exe()?;
+    let mut context = Context {
+        job: &job,
+        args,
+        nodes: &nodes,
+        run_path: &run_path,
+        job_path: &job_path,
+        job_source: &job_source,
+        events: &events,
+        listener: &listener,
+        head: &head,
+        plan_written: false,
+        plans: Vec::new(),
+        round: 0,
+        sample_writer: SampleWriter::create(&run_path.join("samples")).ok(),
+    };
+    let mut round = 0u32;
+    let (status, rows) = loop {
+        let token = new_token()?;
+        let mut srun = match srun_command(
+            &srun,
+            nodes.len(),
+            &gpuvisor,
+            &head,
+            &token,
+            &args.srun_args,
+        )
+        .spawn()
+        {
+            Ok(srun) => srun,
+            Err(error) => {
+                let _ = std::fs::remove_file(run_dir.socket_path());
+                events.write(&Event::new("job-end").with("status", 1));
+                return Err(Failure::unavailable(format!(
+                    "cannot start {}: {error}\n  hint: check that Slurm's srun works here (`srun --version`)",
+                    srun.display()
+                )));
+            }
+        };
+        context.round = round;
+        let agents = match context.start_round(round, &token, &mut srun, &receiver) {
+            Ok(agents) => agents,
+            Err(halt) => {
+                // The agents that connected have been let go (their connections closed).
+                stop_srun(&mut srun);
+                let _ = std::fs::remove_file(run_dir.socket_path());
+                return match halt {
+                    Halt::Failed(failure) => {
+                        events
+                            .write(&Event::new("job-end").with("status", failure_status(&failure)));
+                        Err(failure)
+                    }
+                    Halt::Stopped(status) => {
+                        eprintln!(
+                            "gpuvisor: stopped during the preflight; {}",
+                            if round == 0 {
+                                "nothing was started"
+                            } else {
+                                "the job was not started again"
+                            }
+                        );
+                        events.write(&Event::new("job-end").with("status", status));
+                        Ok(ExitCode::from(status))
+                    }
+                };
+            }
+        };
+        let end = context.supervise_round(agents, &inputs, &receiver, &mut srun);
+        stop_srun(&mut srun);
+        let rows: Vec<SummaryRow> = end
+            .done
+            .iter()
+            .flatten()
+            .flat_map(|(_, rows)| rows.clone())
+            .collect();
+        let failed =
+            !end.failures.is_empty() || end.done.iter().flatten().any(|(status, _)| *status == 1);
+        let restartable = job.cluster.on_node_failure == NodeFailurePolicy::Restart
+            && end.stopped_by.is_none()
+            && failed
+            && round < job.cluster.node_restarts;
+        if restartable {
+            round += 1;
+            let reason = end
+                .failures
+                .iter()
+                .map(|(node, why)| format!("{node}: {why}"))
+                .collect::<Vec<_>>()
+                .join("; ");
+            eprintln!(
+                "gpuvisor: restarting the job on every node (restart {round} of {}): {}",
+                job.cluster.node_restarts,
+                if reason.is_empty() {
+                    "a node's processes failed"
+                } else {
+                    &reason
+                }
+            );
+            events.write(
+                &Event::new("node-restart")
+                    .with("round", round)
+                    .with("reason", reason),
+            );
+            continue;
+        }
+        let status = if failed {
+            1
+        } else if let Some(status) = end.stopped_by {
+            status
+        } else {
+            end.done
+                .iter()
+                .flatten()
+                .map(|(status, _)| *status)
+                .max()
+                .unwrap_or(0)
+        };
+        for (node, why) in &end.failures {
+            eprintln!("gpuvisor: node {node} failed: {why}");
+        }
+        break (status, rows);
+    };
+    events.write(&Event::new("job-end").with("status", status));
+    let _ = std::fs::remove_file(run_dir.socket_path());
+    let outcome = gpuvisor_supervisor::supervisor::Outcome { status, rows };
+    eprint!("{}", super::render_summary(&outcome));
+    Ok(ExitCode::from(status))
+}
+
+fn failure_status(failure: &Failure) -> u8 {
+    match failure {
+        Failure::BadInput(_) => 2,
+        Failure::Unavailable(_) => 1,
+    }
+}
+
+/// A gap this long between two turns of the head's loop (which turns at least every 500 ms)
+/// means the head itself was not running.
+const HEAD_STALL: Duration = Duration::from_secs(2);
+
+/// Everything a round needs.
+struct Context<'a> {
+    job: &'a JobSpec,
+    args: &'a RunArgs,
+    nodes: &'a [String],
+    run_path: &'a Path,
+    job_path: &'a Path,
+    job_source: &'a str,
+    events: &'a EventLog,
+    listener: &'a TcpListener,
+    head: &'a str,
+    plan_written: bool,
+    plans: Vec<Plan>,
+    /// The current round (0, then 1 after the first restart...).
+    round: u32,
+    /// The job's `samples/`: the nodes' snapshots merged, once every node has sent one.
+    sample_writer: Option<SampleWriter>,
+}
+
+/// Lets srun end (it does once every agent has), else ends it.
+fn stop_srun(srun: &mut Child) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < deadline {
+        if let Ok(Some(_)) = srun.try_wait() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let group = Pid::from_raw(srun.id() as i32);
+    let _ = killpg(group, Signal::SIGTERM);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < deadline {
+        if let Ok(Some(_)) = srun.try_wait() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = kill(group, Signal::SIGKILL);
+    let _ = killpg(group, Signal::SIGKILL);
+    let _ = srun.wait();
+}
+
+/// A program on PATH.
+fn which(program: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH").and_then(|path| {
+        std::env::split_paths(&path)
+            .map(|dir| dir.join(program))
+            .find(|candidate| candidate.is_file())
+    })
+}
+
+fn abort_all(agents: &mut [Agent], reason: &str) {
+    for agent in agents {
+        let _ = agent.sender.send(&HeadMsg::Abort {
+            reason: reason.to_string(),
+        });
+    }
+}
+
+fn broadcast(agents: &mut [Agent], over: &[bool], request: &Request) {
+    for (index, agent) in agents.iter_mut().enumerate() {
+        if !over[index] {
+            let _ = agent.sender.send(&HeadMsg::Control {
+                request: request.clone(),
+            });
+        }
+    }
+}
+
+/// Tells the agents that joined that the job will not start (they end quietly).
+fn let_go(joined: &mut BTreeMap<String, Agent>) {
+    for agent in joined.values_mut() {
+        let _ = agent.sender.send(&HeadMsg::Abort {
+            reason: "the job did not start".to_string(),
+        });
+    }
+}
