@@ -160,8 +160,8 @@ impl Options {
     }
 }
 
-/// One row of the exit summary.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// One row of the exit summary (also what a multi-node run's agents send their head).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct SummaryRow {
     /// `name` or `name[r]`.
     pub label: String,

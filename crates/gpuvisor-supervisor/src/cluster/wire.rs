@@ -59,7 +59,7 @@ pub enum AgentMsg {
         /// Its supervisor's exit status.
         status: u8,
         /// Its summary rows.
-        rows: Vec<WireSummaryRow>,
+        rows: Vec<SummaryRow>,
     },
     /// The agent could not do what it was asked (plan the node, create its record...).
     Failed {
@@ -138,49 +138,6 @@ pub struct ProbeResult {
     pub ms: Option<u64>,
     /// The error, when it did not.
     pub error: Option<String>,
-}
-
-/// A summary row as sent over the wire.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct WireSummaryRow {
-    /// Label.
-    pub label: String,
-    /// Restarts.
-    pub restarts: u32,
-    /// Last exit cause.
-    pub cause: String,
-    /// Peak GPU memory, bytes.
-    pub gpu_peak_bytes: Option<u64>,
-    /// Budget, bytes.
-    pub budget_bytes: u64,
-    /// Run time, ms.
-    pub run_ms: u64,
-}
-
-impl From<&SummaryRow> for WireSummaryRow {
-    fn from(row: &SummaryRow) -> Self {
-        WireSummaryRow {
-            label: row.label.clone(),
-            restarts: row.restarts,
-            cause: row.cause.clone(),
-            gpu_peak_bytes: row.gpu_peak_bytes,
-            budget_bytes: row.budget_bytes,
-            run_ms: row.run_ms,
-        }
-    }
-}
-
-impl From<WireSummaryRow> for SummaryRow {
-    fn from(row: WireSummaryRow) -> Self {
-        SummaryRow {
-            label: row.label,
-            restarts: row.restarts,
-            cause: row.cause,
-            gpu_peak_bytes: row.gpu_peak_bytes,
-            budget_bytes: row.budget_bytes,
-            run_ms: row.run_ms,
-        }
-    }
 }
 
 /// The sending half of a connection (cloneable across threads by `try_clone`).

@@ -183,10 +183,7 @@ pub fn agent(args: AgentArgs) -> Result<ExitCode, Failure> {
     );
     match outcome {
         Ok((status, rows)) => {
-            send(&AgentMsg::Done {
-                status,
-                rows: rows.iter().map(Into::into).collect(),
-            })?;
+            send(&AgentMsg::Done { status, rows })?;
             sender
                 .lock()
                 .unwrap_or_else(|poison| poison.into_inner())

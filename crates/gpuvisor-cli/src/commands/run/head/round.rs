@@ -91,8 +91,7 @@ impl Context<'_> {
                             }
                         }
                         AgentMsg::Done { status, rows } => {
-                            end.done[index] =
-                                Some((status, rows.into_iter().map(Into::into).collect()));
+                            end.done[index] = Some((status, rows));
                             over[index] = true;
                             if status == 1 {
                                 failed_node = Some((
