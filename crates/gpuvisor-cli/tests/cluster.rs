@@ -1075,3 +1075,67 @@ nodes = "last"
     assert!(text.contains("greedy"), "{text}");
     assert!(text.contains("was refused"), "{text}");
 }
+
+#[test]
+fn metrics_cover_every_node_with_their_gpus_told_apart() {
+    let dir = tempfile::tempdir().unwrap();
+    let bin = fake_srun_dir(dir.path());
+    let job = dir.path().join("job.toml");
+    std::fs::write(
+        &job,
+        "[process.worker]\ncommand = [\"sleep\", \"60\"]\nmemory = \"1GiB\"\n",
+    )
+    .unwrap();
+    let run = dir.path().join("run");
+    let child = in_allocation(THREE, &bin)
+        .args([
+            "run",
+            job.to_str().unwrap(),
+            "--simulate",
+            "1x24GiB",
+            "--quiet",
+        ])
+        .args(["--metrics", "127.0.0.1:0", "--run-dir"])
+        .arg(&run)
+        .current_dir(dir.path())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The metrics address is in the record; a scrape has every node once samples arrive.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let body = loop {
+        let recorded = match run.join("events.jsonl").exists() {
+            true => events(&run),
+            false => Vec::new(),
+        };
+        let address = recorded
+            .iter()
+            .find(|e| e["kind"] == "metrics")
+            .and_then(|e| e["address"].as_str().map(str::to_string));
+        if let Some(address) = address {
+            let mut stream = std::net::TcpStream::connect(&address).unwrap();
+            use std::io::{Read, Write};
+            write!(stream, "GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n").unwrap();
+            let mut reply = String::new();
+            stream.read_to_string(&mut reply).unwrap();
+            if (1..=3).all(|i| reply.contains(&format!("node=\"127.0.0.{i}\""))) {
+                break reply;
+            }
+        }
+        assert!(Instant::now() < deadline, "no metrics of every node");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(
+        body.contains("gpuvisor_gpu_memory_total_bytes{job=\"job\",node=\"127.0.0.2\",gpu=\"0\""),
+        "{body}"
+    );
+    assert!(body.contains("process=\"worker\",replica=\"2\""), "{body}");
+    let stop = util::gpuvisor().arg("stop").arg(&run).output().unwrap();
+    assert!(stop.status.success());
+    let (code, stderr) = wait_output(child);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(
+        stderr.contains("metrics of every node at http://127.0.0.1:"),
+        "{stderr}"
+    );
+}

@@ -95,10 +95,13 @@ pub fn run(args: RunArgs) -> Result<ExitCode, Failure> {
     let readiness = parse_readiness(&args.ready, &job)?;
     if !args.local {
         if let Some(allocation) = slurm::Allocation::from_env()? {
-            if args.tui || !args.ready.is_empty() || args.metrics.is_some() {
+            if !args.ready.is_empty() {
                 return Err(Failure::bad_input(
-                    "--tui, --ready and --metrics are for runs on one machine; under Slurm use `gpuvisor top RUN` and the job file's `ready`\n  hint: or run with --local to use this machine only",
+                    "--ready is for runs on one machine; under Slurm, write `ready` in the job file's [process.NAME] (every node reads the job file)\n  hint: or run with --local to use this machine only",
                 ));
+            }
+            if args.tui {
+                tui::check_terminal()?;
             }
             return head::head(&args, job, allocation);
         }

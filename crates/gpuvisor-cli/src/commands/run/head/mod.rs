@@ -14,6 +14,7 @@ use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ExitCode};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gpuvisor_core::cluster::NodeLayout;
@@ -23,6 +24,7 @@ use gpuvisor_core::spec::{JobSpec, NodeFailurePolicy};
 use gpuvisor_supervisor::cluster::wire::{self, AgentMsg, HeadMsg, ProbeResult, ProbeTarget};
 use gpuvisor_supervisor::control::{self, PsRow, Request};
 use gpuvisor_supervisor::events::{Event, EventLog};
+use gpuvisor_supervisor::metrics::SharedSnapshot;
 use gpuvisor_supervisor::rundir::RunDir;
 use gpuvisor_supervisor::sample::Snapshot;
 use gpuvisor_supervisor::samples::SampleWriter;
@@ -159,6 +161,22 @@ pub fn head(args: &RunArgs, job: JobSpec, allocation: Allocation) -> Result<Exit
             }
         });
     }
+    let latest: SharedSnapshot = Arc::default();
+    if let Some(address) = args.metrics {
+        let bound = gpuvisor_supervisor::metrics::serve(address, false, Arc::clone(&latest))
+            .map_err(|error| {
+                let _ = std::fs::remove_file(run_dir.socket_path());
+                Failure::unavailable(format!("cannot serve metrics at {address}: {error}"))
+            })?;
+        events.write(&Event::new("metrics").with("address", bound.to_string()));
+        eprintln!("gpuvisor: metrics of every node at http://{bound}/metrics");
+    }
+    // The live view reads the run directory and the head's control socket, which answers for
+    // every node (no local GPU probe: this machine's GPUs are not the job's).
+    let mut view = match args.tui {
+        true => Some(super::tui::Tui::start(run_dir.path(), true)?),
+        false => None,
+    };
     let gpuvisor = std::env::current_exe()?;
     let mut context = Context {
         job: &job,
@@ -174,22 +192,34 @@ pub fn head(args: &RunArgs, job: JobSpec, allocation: Allocation) -> Result<Exit
         plans: Vec::new(),
         round: 0,
         sample_writer: SampleWriter::create(&run_path.join("samples")).ok(),
+        latest: latest.clone(),
+        terminal: view.is_none(),
     };
     let mut round = 0u32;
-    let (status, rows) = loop {
+    let (status, rows, failures) = loop {
         let token = new_token()?;
-        let mut srun = match srun_command(
+        let mut command = srun_command(
             &srun,
             nodes.len(),
             &gpuvisor,
             &head,
             &token,
             &args.srun_args,
-        )
-        .spawn()
-        {
+        );
+        if view.is_some() {
+            // srun's own messages would tear the live view: they go to srun.log.
+            let log = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(run_path.join("srun.log"))?;
+            command.stdout(log.try_clone()?).stderr(log);
+        }
+        let mut srun = match command.spawn() {
             Ok(srun) => srun,
             Err(error) => {
+                if let Some(view) = view.take() {
+                    view.finish();
+                }
                 let _ = std::fs::remove_file(run_dir.socket_path());
                 events.write(&Event::new("job-end").with("status", 1));
                 return Err(Failure::unavailable(format!(
@@ -204,6 +234,9 @@ pub fn head(args: &RunArgs, job: JobSpec, allocation: Allocation) -> Result<Exit
             Err(halt) => {
                 // The agents that connected have been let go (their connections closed).
                 stop_srun(&mut srun);
+                if let Some(view) = view.take() {
+                    view.finish();
+                }
                 let _ = std::fs::remove_file(run_dir.socket_path());
                 return match halt {
                     Halt::Failed(failure) => {
@@ -248,7 +281,7 @@ pub fn head(args: &RunArgs, job: JobSpec, allocation: Allocation) -> Result<Exit
                 .map(|(node, why)| format!("{node}: {why}"))
                 .collect::<Vec<_>>()
                 .join("; ");
-            eprintln!(
+            context.say(format!(
                 "gpuvisor: restarting the job on every node (restart {round} of {}): {}",
                 job.cluster.node_restarts,
                 if reason.is_empty() {
@@ -256,7 +289,7 @@ pub fn head(args: &RunArgs, job: JobSpec, allocation: Allocation) -> Result<Exit
                 } else {
                     &reason
                 }
-            );
+            ));
             events.write(
                 &Event::new("node-restart")
                     .with("round", round)
@@ -276,12 +309,15 @@ pub fn head(args: &RunArgs, job: JobSpec, allocation: Allocation) -> Result<Exit
                 .max()
                 .unwrap_or(0)
         };
-        for (node, why) in &end.failures {
-            eprintln!("gpuvisor: node {node} failed: {why}");
-        }
-        break (status, rows);
+        break (status, rows, end.failures);
     };
     events.write(&Event::new("job-end").with("status", status));
+    if let Some(view) = view {
+        view.finish();
+    }
+    for (node, why) in &failures {
+        eprintln!("gpuvisor: node {node} failed: {why}");
+    }
     let _ = std::fs::remove_file(run_dir.socket_path());
     let outcome = gpuvisor_supervisor::supervisor::Outcome { status, rows };
     eprint!("{}", super::render_summary(&outcome));
@@ -316,6 +352,20 @@ struct Context<'a> {
     round: u32,
     /// The job's `samples/`: the nodes' snapshots merged, once every node has sent one.
     sample_writer: Option<SampleWriter>,
+    /// The nodes' latest snapshots merged, for `--metrics`.
+    latest: SharedSnapshot,
+    /// The head may print to the terminal (not while `--tui` draws there).
+    terminal: bool,
+}
+
+impl Context<'_> {
+    /// A line for the terminal, unless the live view owns it (the events it shows say the
+    /// same).
+    fn say(&self, line: String) {
+        if self.terminal {
+            eprintln!("{line}");
+        }
+    }
 }
 
 /// Lets srun end (it does once every agent has), else ends it.

@@ -138,7 +138,9 @@ impl Context<'_> {
             }
         }
         if !targets.is_empty() {
-            eprint!("{}", preflight_table(&targets, &results));
+            if self.terminal {
+                eprint!("{}", preflight_table(&targets, &results));
+            }
         }
         let unreachable: Vec<Value> =
             results

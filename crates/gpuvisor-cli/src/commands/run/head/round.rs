@@ -75,20 +75,26 @@ impl Context<'_> {
                         }
                         AgentMsg::Sample { sample } => {
                             samples[index] = serde_json::from_value(sample).ok();
+                            let nodes: Vec<String> =
+                                agents.iter().map(|agent| agent.node.clone()).collect();
+                            let merged = merge_samples(&samples, &nodes);
                             // One merged record per second, with every node in it (the rows
                             // of samples/ are fixed by its first record).
                             if last_record.elapsed() >= Duration::from_millis(900)
                                 && samples.iter().all(Option::is_some)
                             {
                                 last_record = Instant::now();
-                                let nodes: Vec<String> =
-                                    agents.iter().map(|agent| agent.node.clone()).collect();
                                 if let (Some(writer), Some(merged)) =
-                                    (self.sample_writer.as_mut(), merge_samples(&samples, &nodes))
+                                    (self.sample_writer.as_mut(), merged.as_ref())
                                 {
-                                    let _ = writer.append(&merged);
+                                    let _ = writer.append(merged);
                                 }
                             }
+                            // What `--metrics` serves.
+                            *self
+                                .latest
+                                .lock()
+                                .unwrap_or_else(|poison| poison.into_inner()) = merged;
                         }
                         AgentMsg::Done { status, rows } => {
                             end.done[index] = Some((status, rows));
@@ -137,7 +143,9 @@ impl Context<'_> {
                     match signals_seen {
                         1 => broadcast(&mut agents, &over, &Request::Stop { process: None }),
                         2 => {
-                            eprintln!("gpuvisor: stopping the agents now (again to kill them)");
+                            self.say(
+                                "gpuvisor: stopping the agents now (again to kill them)".into(),
+                            );
                             let _ = killpg(Pid::from_raw(srun.id() as i32), Signal::SIGTERM);
                         }
                         _ => {
@@ -183,7 +191,9 @@ impl Context<'_> {
                         .with("reason", why.clone()),
                 );
                 if !stopping {
-                    eprintln!("gpuvisor: node {node}: {why}; stopping the other nodes");
+                    self.say(format!(
+                        "gpuvisor: node {node}: {why}; stopping the other nodes"
+                    ));
                 }
                 end.failures.push((node, why));
                 if !stopping {
