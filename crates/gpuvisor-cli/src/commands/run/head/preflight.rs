@@ -137,10 +137,8 @@ impl Context<'_> {
                 }
             }
         }
-        if !targets.is_empty() {
-            if self.terminal {
-                eprint!("{}", preflight_table(&targets, &results));
-            }
+        if !targets.is_empty() && self.terminal {
+            eprint!("{}", preflight_table(&targets, &results));
         }
         let unreachable: Vec<Value> =
             results
