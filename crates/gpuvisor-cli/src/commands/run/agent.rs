@@ -118,7 +118,9 @@ pub fn agent(args: AgentArgs) -> Result<ExitCode, Failure> {
         signals.add(signal);
     }
     signals.thread_block().map_err(Failure::unavailable)?;
-    let mut prepared = match prepare(&job_path, &job_source, &nodes, index, simulate.as_deref()) {
+    let prepared = shared_run_dir(&record, &node)
+        .and_then(|()| prepare(&job_path, &job_source, &nodes, index, simulate.as_deref()));
+    let mut prepared = match prepared {
         Ok(prepared) => prepared,
         Err(failure) => {
             let (message, bad_input) = match &failure {
@@ -199,6 +201,19 @@ pub fn agent(args: AgentArgs) -> Result<ExitCode, Failure> {
             Err(failure)
         }
     }
+}
+
+/// Checks that this node sees the head's run directory (`record` is `<run>/nodes/<node>`):
+/// a node-local copy would keep this node's logs and record out of the job's one record.
+fn shared_run_dir(record: &Path, node: &str) -> Result<(), Failure> {
+    let run = record.parent().and_then(Path::parent).unwrap_or(record);
+    if run.join("supervisor.pid").is_file() && run.join("events.jsonl").is_file() {
+        return Ok(());
+    }
+    Err(Failure::unavailable(format!(
+        "node {node} does not see the run directory {} (it holds no supervisor.pid and events.jsonl there): it is not on a file system the nodes share\n  hint: give --run-dir on a file system every node mounts (home, project or scratch)",
+        run.display()
+    )))
 }
 
 /// A planned node, with the coordinator ports it holds.
@@ -448,6 +463,24 @@ impl EventTail {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_run_directory_this_node_does_not_see_is_named() {
+        let run = tempfile::tempdir().unwrap();
+        let record = run.path().join("nodes/n2");
+        let error = shared_run_dir(&record, "n2").unwrap_err();
+        let Failure::Unavailable(message) = error else {
+            panic!("not unavailable")
+        };
+        assert!(
+            message.contains("node n2 does not see the run directory"),
+            "{message}"
+        );
+        assert!(message.contains("hint: give --run-dir"), "{message}");
+        std::fs::write(run.path().join("supervisor.pid"), "1\n").unwrap();
+        std::fs::write(run.path().join("events.jsonl"), "").unwrap();
+        assert!(shared_run_dir(&record, "n2").is_ok());
+    }
 
     #[test]
     fn the_tail_gives_each_complete_line_once() {
