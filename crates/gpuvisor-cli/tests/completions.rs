@@ -219,15 +219,17 @@ fn a_reader_that_stops_reading_ends_the_command_quietly() {
         "{\"t\":\"2026-11-22T00:00:00.000Z\",\"kind\":\"start\",\"process\":\"a\",\"replica\":0,\"pid\":1}\n",
     )
     .unwrap();
-    let mut child = util::gpuvisor()
+    // A pipe whose reading end is closed before gpuvisor starts (close-on-exec, so no other
+    // test's child keeps a copy of it open): the write is sure to fail with EPIPE.
+    let (reader, writer) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap();
+    drop(reader);
+    let output = util::gpuvisor()
         .args(["ps", "--json"])
         .arg(run.path())
-        .stdout(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::from(writer))
         .stderr(std::process::Stdio::piped())
-        .spawn()
+        .output()
         .unwrap();
-    drop(child.stdout.take());
-    let output = child.wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(!stderr.contains("panicked"), "{stderr}");
     assert_eq!(output.status.code(), Some(141), "{stderr}");
