@@ -1001,7 +1001,9 @@ fn a_head_paused_longer_than_node_timeout_loses_no_node_when_it_resumes() {
         .args(["-STOP", &head])
         .status()
         .unwrap();
-    std::thread::sleep(Duration::from_secs(4));
+    // Longer than node_timeout (2 s), shorter than the agents' own limit for a silent head
+    // (three times that, counted from the last heartbeat).
+    std::thread::sleep(Duration::from_secs(3));
     Command::new("kill")
         .args(["-CONT", &head])
         .status()
@@ -1138,4 +1140,36 @@ fn metrics_cover_every_node_with_their_gpus_told_apart() {
         stderr.contains("metrics of every node at http://127.0.0.1:"),
         "{stderr}"
     );
+}
+
+#[test]
+fn agents_stop_their_processes_when_their_head_falls_silent() {
+    let dir = tempfile::tempdir().unwrap();
+    let (child, run) = start_long(dir.path(), "node_timeout = \"2s\"");
+    let workers = worker_pids(&run);
+    assert_eq!(workers.len(), 3, "{workers:?}");
+    // A head whose machine froze: its connections stay open, nothing comes from it.
+    let head = child.id().to_string();
+    Command::new("kill")
+        .args(["-STOP", &head])
+        .status()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while workers.iter().any(|pid| running(*pid)) {
+        if Instant::now() >= deadline {
+            Command::new("kill")
+                .args(["-CONT", &head])
+                .status()
+                .unwrap();
+            panic!("workers still run with their head silent");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    Command::new("kill")
+        .args(["-CONT", &head])
+        .status()
+        .unwrap();
+    let (code, stderr) = wait_output(child);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.contains("no word from the head for 6 s"), "{stderr}");
 }

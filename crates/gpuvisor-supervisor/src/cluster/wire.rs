@@ -116,6 +116,10 @@ pub enum HeadMsg {
         /// The request.
         request: Request,
     },
+    /// Sent every second while the job runs: an agent that hears nothing from its head for
+    /// three times `[cluster] node_timeout` (its machine gone, the network cut) stops its
+    /// node's share.
+    Heartbeat,
 }
 
 /// A coordinator to reach.

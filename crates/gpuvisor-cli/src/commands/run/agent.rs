@@ -322,11 +322,17 @@ fn run_share(
     };
     let done = Arc::new(AtomicBool::new(false));
     let socket = run_dir.socket_path();
+    let head_silent = Arc::new(AtomicBool::new(false));
     let head_link = {
         let socket = socket.clone();
+        let silent = Arc::clone(&head_silent);
+        // Three times the head's own limit for a silent node: a lost node is the head's call
+        // first, and a head paused for less than that (Ctrl-Z on its terminal) finds its job
+        // running.
+        let limit = Duration::from_millis(3 * job.cluster.node_timeout_ms);
         std::thread::Builder::new()
             .name("gpuvisor-head-in".into())
-            .spawn(move || from_head(receiver, &socket))?
+            .spawn(move || from_head(receiver, &socket, limit, &silent))?
     };
     let forwarder = {
         let done = Arc::clone(&done);
@@ -341,16 +347,34 @@ fn run_share(
     let _ = forwarder.join();
     drop(head_link); // it ends when the head closes the connection
     let outcome = outcome?;
+    if head_silent.load(Ordering::Relaxed) {
+        return Err(Failure::unavailable(format!(
+            "no word from the head for {} s (three times [cluster] node_timeout): this node's processes were stopped",
+            3 * job.cluster.node_timeout_ms / 1000
+        )));
+    }
     Ok((outcome.status, outcome.rows))
 }
 
 /// Head -> node: control requests go to the node's own control socket; when the head is
-/// gone, the node's share stops.
-fn from_head(mut receiver: wire::Receiver, socket: &Path) {
+/// gone (its connection closed, or silent for `limit`: a head whose machine vanished may
+/// never close it), the node's share stops.
+fn from_head(mut receiver: wire::Receiver, socket: &Path, limit: Duration, silent: &AtomicBool) {
+    let _ = receiver.set_timeout(Some(limit.max(Duration::from_secs(1))));
     loop {
         match receiver.recv::<HeadMsg>() {
             Ok(Some(HeadMsg::Control { request })) => {
                 let _ = request_when_up(socket, &request);
+            }
+            Err(error)
+                if matches!(
+                    error.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) =>
+            {
+                silent.store(true, Ordering::Relaxed);
+                let _ = request_when_up(socket, &Request::Stop { process: None });
+                return;
             }
             Ok(Some(HeadMsg::Abort { .. })) | Ok(None) | Err(_) => {
                 let _ = request_when_up(socket, &Request::Stop { process: None });

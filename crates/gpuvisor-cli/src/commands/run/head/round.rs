@@ -48,7 +48,17 @@ impl Context<'_> {
         let mut last_record = Instant::now() - Duration::from_secs(1);
         let mut gates = Gates::new(&self.plans);
         let mut last_turn = Instant::now();
+        let mut last_heartbeat = Instant::now();
         while over.iter().any(|over| !over) {
+            // The agents' proof that their head is alive (see HeadMsg::Heartbeat).
+            if last_heartbeat.elapsed() >= Duration::from_secs(1) {
+                last_heartbeat = Instant::now();
+                for (index, agent) in agents.iter_mut().enumerate() {
+                    if !over[index] {
+                        let _ = agent.sender.send(&HeadMsg::Heartbeat);
+                    }
+                }
+            }
             let input = match receiver.recv_timeout(Duration::from_millis(500)) {
                 Ok(input) => Some(input),
                 Err(RecvTimeoutError::Timeout) => None,
