@@ -40,6 +40,25 @@ fn fake_srun_dir(dir: &Path) -> PathBuf {
     bin
 }
 
+/// Writes `text` as `dir/job.toml`.
+fn write_job(dir: &Path, text: &str) -> PathBuf {
+    let job = dir.join("job.toml");
+    std::fs::write(&job, text).unwrap();
+    job
+}
+
+/// `gpuvisor run JOB ARGS --run-dir RUN` as the head of allocation `nodes` (srun: `bin`'s).
+fn head_run(nodes: &str, bin: &Path, job: &Path, run: &Path, args: &[&str]) -> Command {
+    let mut command = in_allocation(nodes, bin);
+    command
+        .arg("run")
+        .arg(job)
+        .args(args)
+        .arg("--run-dir")
+        .arg(run);
+    command
+}
+
 fn events(run: &Path) -> Vec<Value> {
     std::fs::read_to_string(run.join("events.jsonl"))
         .unwrap()
@@ -61,9 +80,8 @@ const THREE: &str = "127.0.0.1,127.0.0.2,127.0.0.3";
 fn three_nodes_get_their_share_ranks_and_one_record() {
     let dir = tempfile::tempdir().unwrap();
     let bin = fake_srun_dir(dir.path());
-    let job = dir.path().join("job.toml");
-    std::fs::write(
-        &job,
+    let job = write_job(
+        dir.path(),
         r#"
 [job]
 name = "three"
@@ -94,8 +112,7 @@ replicas = 2
 nodes = [2]
 memory = "1GiB"
 "#,
-    )
-    .unwrap();
+    );
     let run = dir.path().join("run");
     let srun_args = dir.path().join("srun-args");
     let output = in_allocation(THREE, &bin)
@@ -195,9 +212,8 @@ memory = "1GiB"
 fn an_unreachable_coordinator_stops_the_job_before_anything_starts() {
     let dir = tempfile::tempdir().unwrap();
     let bin = fake_srun_dir(dir.path());
-    let job = dir.path().join("job.toml");
-    std::fs::write(
-        &job,
+    let job = write_job(
+        dir.path(),
         r#"
 [cluster]
 preflight_timeout = "2s"
@@ -208,8 +224,7 @@ framework = "jax"
 device = "cpu"
 distributed = true
 "#,
-    )
-    .unwrap();
+    );
     let run = dir.path().join("run");
     // The first node's name does not resolve, so no node can reach the coordinator there.
     let started = Instant::now();
@@ -276,9 +291,7 @@ device = "cpu"
     )
     .unwrap();
     let run = dir.join("run");
-    let child = in_allocation(THREE, &bin)
-        .args(["run", job.to_str().unwrap(), "--quiet", "--run-dir"])
-        .arg(&run)
+    let child = head_run(THREE, &bin, &job, &run, &["--quiet"])
         .envs(env.iter().copied())
         .current_dir(dir)
         .stderr(Stdio::piped())
@@ -401,11 +414,10 @@ fn gpuvisor_stop_stops_every_node() {
 fn after_holds_across_nodes() {
     let dir = tempfile::tempdir().unwrap();
     let bin = fake_srun_dir(dir.path());
-    let job = dir.path().join("job.toml");
     // The learner (first node only) is ready a second after it starts, when it has written its
     // marker; actors on the other nodes must not start before that.
-    std::fs::write(
-        &job,
+    let job = write_job(
+        dir.path(),
         r#"
 [process.learner]
 command = ["sh", "-c", "sleep 1; touch learner-up; echo serving; sleep 2"]
@@ -419,12 +431,9 @@ device = "cpu"
 nodes = "rest"
 after = ["learner"]
 "#,
-    )
-    .unwrap();
+    );
     let run = dir.path().join("run");
-    let output = in_allocation(THREE, &bin)
-        .args(["run", job.to_str().unwrap(), "--run-dir"])
-        .arg(&run)
+    let output = head_run(THREE, &bin, &job, &run, &[])
         .current_dir(dir.path())
         .output()
         .unwrap();
@@ -562,9 +571,7 @@ device = "cpu"
     .unwrap();
     let run = dir.join("run");
     let srun_pid = dir.join("srun.pid");
-    let child = in_allocation(THREE, &bin)
-        .args(["run", job.to_str().unwrap(), "--run-dir"])
-        .arg(&run)
+    let child = head_run(THREE, &bin, &job, &run, &[])
         .env("FAKE_SRUN_SKIP", "127.0.0.3")
         .env("FAKE_SRUN_PID", &srun_pid)
         .current_dir(dir)
@@ -695,20 +702,16 @@ fn three_ctrl_cs_end_the_job_with_130_not_as_lost_nodes() {
     let dir = tempfile::tempdir().unwrap();
     // Workers that shrug off SIGTERM, so the first Ctrl-C's orderly stop takes its grace.
     let bin = fake_srun_dir(dir.path());
-    let job = dir.path().join("job.toml");
-    std::fs::write(
-        &job,
+    let job = write_job(
+        dir.path(),
         r#"
 [process.worker]
 command = ["sh", "-c", "trap '' TERM INT; echo up; sleep 60"]
 device = "cpu"
 "#,
-    )
-    .unwrap();
+    );
     let run = dir.path().join("run");
-    let child = in_allocation(THREE, &bin)
-        .args(["run", job.to_str().unwrap(), "--quiet", "--run-dir"])
-        .arg(&run)
+    let child = head_run(THREE, &bin, &job, &run, &["--quiet"])
         .current_dir(dir.path())
         .stderr(Stdio::piped())
         .spawn()
@@ -763,9 +766,8 @@ fn stray_connections_to_the_head_do_not_hold_up_the_agents() {
     use std::net::TcpStream;
     let dir = tempfile::tempdir().unwrap();
     let bin = fake_srun_dir(dir.path());
-    let job = dir.path().join("job.toml");
-    std::fs::write(
-        &job,
+    let job = write_job(
+        dir.path(),
         r#"
 [cluster]
 preflight_timeout = "6s"
@@ -774,12 +776,9 @@ preflight_timeout = "6s"
 command = ["true"]
 device = "cpu"
 "#,
-    )
-    .unwrap();
+    );
     let run = dir.path().join("run");
-    let child = in_allocation(THREE, &bin)
-        .args(["run", job.to_str().unwrap(), "--quiet", "--run-dir"])
-        .arg(&run)
+    let child = head_run(THREE, &bin, &job, &run, &["--quiet"])
         .env("FAKE_SRUN_DELAY", "1")
         .current_dir(dir.path())
         .stderr(Stdio::piped())
@@ -827,12 +826,10 @@ fn events_if_any(run: &Path) -> Vec<Value> {
 fn an_agent_whose_node_name_is_not_in_the_step_is_named_when_the_preflight_fails() {
     let dir = tempfile::tempdir().unwrap();
     let bin = fake_srun_dir(dir.path());
-    let job = dir.path().join("job.toml");
-    std::fs::write(
-        &job,
+    let job = write_job(
+        dir.path(),
         "[cluster]\npreflight_timeout = \"2s\"\n\n[process.worker]\ncommand = [\"true\"]\ndevice = \"cpu\"\n",
-    )
-    .unwrap();
+    );
     let output = in_allocation(THREE, &bin)
         .args(["run", job.to_str().unwrap(), "--run-dir"])
         .arg(dir.path().join("run"))
@@ -918,16 +915,12 @@ fn an_srun_that_cannot_start_leaves_a_closed_record() {
     let dir = tempfile::tempdir().unwrap();
     let bin = fake_srun_dir(dir.path());
     std::fs::set_permissions(bin.join("srun"), std::fs::Permissions::from_mode(0o644)).unwrap();
-    let job = dir.path().join("job.toml");
-    std::fs::write(
-        &job,
+    let job = write_job(
+        dir.path(),
         "[process.worker]\ncommand = [\"true\"]\ndevice = \"cpu\"\n",
-    )
-    .unwrap();
+    );
     let run = dir.path().join("run");
-    let output = in_allocation(THREE, &bin)
-        .args(["run", job.to_str().unwrap(), "--run-dir"])
-        .arg(&run)
+    let output = head_run(THREE, &bin, &job, &run, &[])
         .current_dir(dir.path())
         .output()
         .unwrap();
@@ -946,10 +939,9 @@ fn an_srun_that_cannot_start_leaves_a_closed_record() {
 fn one_node_that_cannot_plan_stops_the_job_before_anything_starts() {
     let dir = tempfile::tempdir().unwrap();
     let bin = fake_srun_dir(dir.path());
-    let job = dir.path().join("job.toml");
     // The third node's share does not fit its GPU; the others' does.
-    std::fs::write(
-        &job,
+    let job = write_job(
+        dir.path(),
         r#"
 [process.worker]
 command = ["touch", "started"]
@@ -960,18 +952,9 @@ command = ["touch", "started"]
 memory = "40GiB"
 nodes = [2]
 "#,
-    )
-    .unwrap();
+    );
     let run = dir.path().join("run");
-    let output = in_allocation(THREE, &bin)
-        .args([
-            "run",
-            job.to_str().unwrap(),
-            "--simulate",
-            "1x24GiB",
-            "--run-dir",
-        ])
-        .arg(&run)
+    let output = head_run(THREE, &bin, &job, &run, &["--simulate", "1x24GiB"])
         .current_dir(dir.path())
         .output()
         .unwrap();
@@ -1027,12 +1010,11 @@ fn every_node_enforces_its_replicas_budgets() {
     let dir = tempfile::tempdir().unwrap();
     let bin = fake_srun_dir(dir.path());
     let script = util::repo_root().join("examples/cuda_alloc.py");
-    let job = dir.path().join("job.toml");
     // Workers fit their 512 MiB on every node; the greedy one on the last node asks for 1 GiB
     // and is refused at its budget by that node's shim, an event in the merged record.
-    std::fs::write(
-        &job,
-        format!(
+    let job = write_job(
+        dir.path(),
+        &format!(
             r#"
 [process.worker]
 command = ["python3", "{script}", "--mib", "128", "--steps", "3"]
@@ -1045,18 +1027,9 @@ nodes = "last"
 "#,
             script = script.display()
         ),
-    )
-    .unwrap();
+    );
     let run = dir.path().join("run");
-    let output = in_allocation(THREE, &bin)
-        .args([
-            "run",
-            job.to_str().unwrap(),
-            "--simulate",
-            "1x24GiB",
-            "--run-dir",
-        ])
-        .arg(&run)
+    let output = head_run(THREE, &bin, &job, &run, &["--simulate", "1x24GiB"])
         .current_dir(dir.path())
         .output()
         .unwrap();
@@ -1082,12 +1055,10 @@ nodes = "last"
 fn metrics_cover_every_node_with_their_gpus_told_apart() {
     let dir = tempfile::tempdir().unwrap();
     let bin = fake_srun_dir(dir.path());
-    let job = dir.path().join("job.toml");
-    std::fs::write(
-        &job,
+    let job = write_job(
+        dir.path(),
         "[process.worker]\ncommand = [\"sleep\", \"60\"]\nmemory = \"1GiB\"\n",
-    )
-    .unwrap();
+    );
     let run = dir.path().join("run");
     let child = in_allocation(THREE, &bin)
         .args([
