@@ -90,7 +90,10 @@ def main() -> int:
         "gathered": [int(value) for value in np.asarray(gathered).reshape(-1)],
         "seconds": round(time.monotonic() - started, 3),
     }
-    print(json.dumps(record), flush=True)
+    # One write of the whole line (under PIPE_BUF): processes sharing srun's pipe cannot
+    # interleave inside it.
+    sys.stdout.flush()
+    os.write(1, (json.dumps(record) + "\n").encode())
     jax.distributed.shutdown()
     return 0
 

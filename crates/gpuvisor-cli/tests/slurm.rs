@@ -138,7 +138,10 @@ fn check_allgather(stdout: &str, processes: u64, hosts: &[&str]) {
     let records: Vec<serde_json::Value> = stdout
         .lines()
         .filter(|line| line.starts_with('{'))
-        .map(|line| serde_json::from_str(line).expect("a JSON line"))
+        .map(|line| {
+            serde_json::from_str(line)
+                .unwrap_or_else(|error| panic!("not a JSON line ({error}): {line}\n{stdout}"))
+        })
         .collect();
     assert_eq!(
         records.len() as u64,

@@ -9,37 +9,17 @@
 mod slurm_cluster;
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use slurm_cluster::{allgather_script, jax_python, SlurmCluster};
-
-const LIMIT: Duration = Duration::from_secs(180);
+use slurm_cluster::{
+    allgather_script, events, jax_python, salloc, write_job, SlurmCluster, RUN_LIMIT,
+};
 
 fn gpuvisor() -> &'static str {
     env!("CARGO_BIN_EXE_gpuvisor")
-}
-
-/// `salloc -N<nodes> gpuvisor ARGS` with the cluster's environment.
-fn salloc(cluster: &SlurmCluster, nodes: u32, args: &[&str]) -> Command {
-    let mut command = cluster.command("salloc");
-    command.arg(format!("-N{nodes}")).arg(gpuvisor()).args(args);
-    for (name, _) in std::env::vars() {
-        if name.starts_with("GPUVISOR_SIMULATE") || name == "LD_PRELOAD" {
-            command.env_remove(name);
-        }
-    }
-    command
-}
-
-fn events(run: &Path) -> Vec<Value> {
-    std::fs::read_to_string(run.join("events.jsonl"))
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|line| serde_json::from_str(line).ok())
-        .collect()
 }
 
 /// The JSON lines a replica printed (its log lines are `TIME O TEXT`).
@@ -51,12 +31,6 @@ fn json_lines(log: &Path) -> Vec<Value> {
         .filter(|text| text.starts_with('{'))
         .filter_map(|text| serde_json::from_str(text).ok())
         .collect()
-}
-
-fn write_job(dir: &Path, text: &str) -> PathBuf {
-    let path = dir.join("job.toml");
-    std::fs::write(&path, text).unwrap();
-    path
 }
 
 #[test]
@@ -128,7 +102,7 @@ distributed = true
                 run.to_str().unwrap(),
             ],
         ),
-        LIMIT,
+        RUN_LIMIT,
     );
     let stderr = String::from_utf8_lossy(&output.stderr);
     eprintln!(
@@ -263,7 +237,7 @@ distributed = true
                 run.to_str().unwrap(),
             ],
         ),
-        LIMIT,
+        RUN_LIMIT,
     );
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(1), "{stderr}");
@@ -326,7 +300,7 @@ fn start_on_three(
     .stderr(Stdio::piped())
     .spawn()
     .unwrap();
-    let deadline = Instant::now() + LIMIT;
+    let deadline = Instant::now() + RUN_LIMIT;
     loop {
         let events = events(run);
         if events.iter().filter(|e| e["kind"] == "start").count() == replicas {
@@ -413,12 +387,12 @@ fn submit_runs_a_job_through_sbatch() {
         ])
         .arg(&run)
         .args(["--", "--nodes=1"]);
-    let stdout = cluster.stdout_of(&mut submit, LIMIT);
+    let stdout = cluster.stdout_of(&mut submit, RUN_LIMIT);
     let job_id: u64 = stdout
         .trim()
         .parse()
         .unwrap_or_else(|_| panic!("a job id: {stdout}"));
-    let deadline = Instant::now() + LIMIT;
+    let deadline = Instant::now() + RUN_LIMIT;
     while !events(&run).iter().any(|e| e["kind"] == "job-end") {
         assert!(
             Instant::now() < deadline,

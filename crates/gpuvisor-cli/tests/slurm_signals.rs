@@ -5,43 +5,10 @@
 
 mod slurm_cluster;
 
-use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
-use slurm_cluster::SlurmCluster;
-
-const LIMIT: Duration = Duration::from_secs(180);
-
-/// `salloc -N<nodes> gpuvisor ARGS` with the cluster's environment.
-fn salloc(cluster: &SlurmCluster, nodes: u32, args: &[&str]) -> Command {
-    let mut command = cluster.command("salloc");
-    command
-        .arg(format!("-N{nodes}"))
-        .arg(env!("CARGO_BIN_EXE_gpuvisor"))
-        .args(args);
-    for (name, _) in std::env::vars() {
-        if name.starts_with("GPUVISOR_SIMULATE") || name == "LD_PRELOAD" {
-            command.env_remove(name);
-        }
-    }
-    command
-}
-
-fn events(run: &Path) -> Vec<Value> {
-    std::fs::read_to_string(run.join("events.jsonl"))
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|line| serde_json::from_str(line).ok())
-        .collect()
-}
-
-fn write_job(dir: &Path, text: &str) -> PathBuf {
-    let path = dir.join("job.toml");
-    std::fs::write(&path, text).unwrap();
-    path
-}
+use slurm_cluster::{events, salloc, write_job, SlurmCluster, RUN_LIMIT};
 
 #[test]
 fn ctrl_c_while_the_agents_cannot_reach_the_head_ends_the_step_and_exits_130() {
@@ -76,7 +43,7 @@ fn ctrl_c_while_the_agents_cannot_reach_the_head_ends_the_step_and_exits_130() {
     .stderr(Stdio::piped())
     .spawn()
     .unwrap();
-    let deadline = Instant::now() + LIMIT;
+    let deadline = Instant::now() + RUN_LIMIT;
     let head = loop {
         let start = events(&run)
             .into_iter()
@@ -149,7 +116,7 @@ fn a_second_ctrl_c_kills_every_node_s_processes_without_their_grace() {
     .stderr(Stdio::piped())
     .spawn()
     .unwrap();
-    let deadline = Instant::now() + LIMIT;
+    let deadline = Instant::now() + RUN_LIMIT;
     while events(&run).iter().filter(|e| e["kind"] == "start").count() < 3 {
         assert!(Instant::now() < deadline, "the job did not start");
         std::thread::sleep(Duration::from_millis(100));

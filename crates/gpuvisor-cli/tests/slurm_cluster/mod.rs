@@ -371,3 +371,38 @@ fn parse_env_file(path: &Path) -> Vec<(String, String)> {
         .map(|(name, value)| (name.to_string(), value.trim_matches('"').to_string()))
         .collect()
 }
+
+/// How long a gpuvisor job on the test cluster may take.
+pub const RUN_LIMIT: Duration = Duration::from_secs(180);
+
+/// `salloc -N<nodes> gpuvisor ARGS` with the cluster's environment (and none of the test
+/// process's simulator or preload settings).
+pub fn salloc(cluster: &SlurmCluster, nodes: u32, args: &[&str]) -> Command {
+    let mut command = cluster.command("salloc");
+    command
+        .arg(format!("-N{nodes}"))
+        .arg(env!("CARGO_BIN_EXE_gpuvisor"))
+        .args(args);
+    for (name, _) in std::env::vars() {
+        if name.starts_with("GPUVISOR_SIMULATE") || name == "LD_PRELOAD" {
+            command.env_remove(name);
+        }
+    }
+    command
+}
+
+/// The events of the run in `run` (none before its events.jsonl exists).
+pub fn events(run: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(run.join("events.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|line| serde_json::from_str(line).ok())
+        .collect()
+}
+
+/// Writes `text` as `dir/job.toml`.
+pub fn write_job(dir: &Path, text: &str) -> PathBuf {
+    let path = dir.join("job.toml");
+    std::fs::write(&path, text).unwrap();
+    path
+}
