@@ -1,0 +1,141 @@
+"""PyTorch checks, run by test_torch.py in the torch venv under `gpuvisor exec --simulate`.
+
+    python torch_worker.py alloc --chunk-mib 256       # is_available, mem_get_info, fill, OOM
+    python torch_worker.py mlp --steps 20               # MLP + Adam training loop (cuBLAS)
+    python torch_worker.py graph --replays 3            # torch.cuda.graph capture and replay
+
+Reports `RESULT {json}` lines on stdout; the allocator is whatever PYTORCH_CUDA_ALLOC_CONF says.
+Device memory holds no data on the simulator (reads give zeros): nothing here looks at values.
+"""
+
+import argparse
+import json
+import os
+import sys
+
+import fwversions
+
+MIB = 1 << 20
+
+
+def result(**fields):
+    print("RESULT " + json.dumps(fields), flush=True)
+
+
+def alloc(args, torch):
+    result(pid=os.getpid(), is_available=torch.cuda.is_available(),
+           alloc_conf=os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""))
+    result(device_name=torch.cuda.get_device_name(0))
+    free, total = torch.cuda.mem_get_info()
+    result(mem_get_info_free=free, mem_get_info_total=total)
+
+    # One tensor larger than the whole budget: refused (by the driver through the shim, or by
+    # torch itself from cuMemGetInfo with expandable segments).
+    too_big = total + (1 << 30)
+    try:
+        torch.empty(too_big, dtype=torch.uint8, device="cuda")
+        result(too_big_error=None)
+    except torch.OutOfMemoryError as error:
+        result(too_big_error="torch.OutOfMemoryError", too_big_message=str(error)[:300])
+    torch.cuda.empty_cache()
+
+    # Tensors up to the budget, then one more chunk: OutOfMemoryError.
+    chunk = args.chunk_mib * MIB
+    held, error = [], None
+    while len(held) * chunk <= total + chunk:
+        try:
+            held.append(torch.empty(chunk, dtype=torch.uint8, device="cuda"))
+        except torch.OutOfMemoryError as oom:
+            error = oom
+            break
+    torch.cuda.synchronize()
+    result(filled_bytes=len(held) * chunk, fill_error=type(error).__name__ if error else None,
+           fill_message=str(error)[:300] if error else None,
+           memory_reserved=torch.cuda.memory_reserved(),
+           max_memory_reserved=torch.cuda.max_memory_reserved())
+
+    # Freed memory is usable again.
+    del held
+    torch.cuda.empty_cache()
+    again = torch.ones(1 << 30, dtype=torch.uint8, device="cuda")
+    torch.cuda.synchronize()
+    del again
+    result(realloc_after_free=True)
+
+
+def mlp(args, torch):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.ReLU(),
+                                torch.nn.Linear(4096, 4096), torch.nn.ReLU(),
+                                torch.nn.Linear(4096, 10)).cuda()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    steps = 0
+    for _ in range(args.steps):
+        x = torch.randn(512, 1024, device="cuda")
+        y = torch.randint(0, 10, (512,), device="cuda")
+        optimizer.zero_grad(set_to_none=True)
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        optimizer.step()
+        steps += 1
+    torch.cuda.synchronize()
+    result(pid=os.getpid(), steps=steps, last_loss=float(loss.item()),
+           max_memory_reserved=torch.cuda.max_memory_reserved(),
+           max_memory_allocated=torch.cuda.max_memory_allocated(),
+           memory_reserved=torch.cuda.memory_reserved())
+
+
+def graph(args, torch):
+    # PyTorch's documented whole-network capture: warm up on a side stream, capture forward,
+    # backward and an optimizer step, then replay with new data copied into the static input.
+    model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(),
+                                torch.nn.Linear(512, 10)).cuda()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    static_x = torch.randn(64, 256, device="cuda")
+    static_y = torch.randint(0, 10, (64,), device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            optimizer.zero_grad(set_to_none=True)
+            loss_fn(model(static_x), static_y).backward()
+            optimizer.step()
+    torch.cuda.current_stream().wait_stream(side)
+
+    cuda_graph = torch.cuda.CUDAGraph()
+    optimizer.zero_grad(set_to_none=True)
+    with torch.cuda.graph(cuda_graph):
+        static_loss = loss_fn(model(static_x), static_y)
+        static_loss.backward()
+        optimizer.step()
+    replays = 0
+    for _ in range(args.replays):
+        static_x.copy_(torch.randn(64, 256, device="cuda"))
+        cuda_graph.replay()
+        replays += 1
+    torch.cuda.synchronize()
+    result(pid=os.getpid(), captured=True, replays=replays)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="check", required=True)
+    p = sub.add_parser("alloc")
+    p.add_argument("--chunk-mib", type=int, default=256)
+    p = sub.add_parser("mlp")
+    p.add_argument("--steps", type=int, default=20)
+    p = sub.add_parser("graph")
+    p.add_argument("--replays", type=int, default=3)
+    args = parser.parse_args()
+    fwversions.report("torch")
+    import torch
+
+    print("VERSIONS " + json.dumps({"torch.version.cuda": torch.version.cuda}), flush=True)
+    {"alloc": alloc, "mlp": mlp, "graph": graph}[args.check](args, torch)
+    result(done=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
