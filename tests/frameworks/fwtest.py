@@ -91,19 +91,26 @@ class Run:
         self.summary = None  # gpuvisor exec --json's object
         self.run_dir = None  # gpuvisor run's directory
 
-    def results(self, kind="RESULT"):
-        """The worker's `KIND {json}` lines, parsed, in order (from stdout, or from the run's logs)."""
-        text = self.stdout
-        if self.run_dir is not None and not text:
-            text = "\n".join(p.read_text(errors="replace")
-                             for p in sorted((self.run_dir / "logs").glob("*.log")))
+    def log(self, name):
+        """A `gpuvisor run` process's log (logs/NAME.log, e.g. `actor.0`)."""
+        path = self.run_dir / "logs" / f"{name}.log"
+        return path.read_text(errors="replace") if path.is_file() else ""
+
+    def results(self, kind="RESULT", text=None):
+        """The worker's `KIND {json}` lines, parsed, in order (from TEXT, else stdout, else all
+        of the run's logs)."""
+        if text is None:
+            text = self.stdout
+            if self.run_dir is not None and self.run_dir.exists() and not text:
+                text = "\n".join(p.read_text(errors="replace")
+                                 for p in sorted((self.run_dir / "logs").glob("*.log")))
         return [json.loads(line.split(kind + " ", 1)[1]) for line in text.splitlines()
                 if (kind + " ") in line and line.split(kind + " ", 1)[1].startswith("{")]
 
-    def result(self, kind="RESULT"):
-        found = self.results(kind)
+    def result(self, kind="RESULT", text=None, who="the worker"):
+        found = self.results(kind, text)
         if not found:
-            raise AssertionError(f"the worker printed no `{kind} {{...}}` line")
+            raise AssertionError(f"{who} printed no `{kind} {{...}}` line")
         merged = {}
         for item in found:
             merged.update(item)
@@ -233,10 +240,8 @@ class FrameworkTest(unittest.TestCase):
             run.summary = None
         self.report_versions(run)
         if expect_status is not None:
-            self.assertEqual(run.returncode, expect_status,
-                             f"{worker} {' '.join(args)} exited with {run.returncode}"
-                             + (f":\n{tail(run.stderr)}" if run.returncode else ""))
-        self.assertIsNotNone(run.summary, "gpuvisor exec --json printed no JSON summary last")
+            self.assert_status(run, expect_status)
+            self.assertIsNotNone(run.summary, "gpuvisor exec --json printed no JSON summary last")
         return run
 
     def run_job(self, job_text, gpuvisor_args=(), timeout=None):
@@ -249,6 +254,24 @@ class FrameworkTest(unittest.TestCase):
         run.run_dir = run_dir
         self.report_versions(run)
         return run
+
+    _shared_runs = {}
+
+    def shared_run(self, key, make):
+        """A run several tests check (made once per test process by MAKE, which must not assert
+        on it); it is dumped with any of those tests that fails."""
+        if key in FrameworkTest._shared_runs:
+            run = FrameworkTest._shared_runs[key]
+            self.runs.append(run)
+        else:
+            run = FrameworkTest._shared_runs[key] = make()
+        return run
+
+    def assert_status(self, run, expected=0):
+        argv = run.argv[run.argv.index("--") + 1:] if "--" in run.argv else run.argv
+        self.assertEqual(run.returncode, expected,
+                         f"`{shlex.join(argv)}` exited with {run.returncode}"
+                         + (f":\n{tail(run.stderr)}" if run.returncode else ""))
 
     def report_versions(self, run):
         for versions in run.results("VERSIONS"):

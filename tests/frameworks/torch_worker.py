@@ -64,6 +64,9 @@ def alloc(args, torch):
 
 
 def mlp(args, torch):
+    free, total = torch.cuda.mem_get_info()
+    result(pid=os.getpid(), mem_get_info_total=total,
+           budget_env=int(os.environ.get("GPUVISOR_BUDGET_BYTES", "0")) or None)
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.ReLU(),
                                 torch.nn.Linear(4096, 4096), torch.nn.ReLU(),

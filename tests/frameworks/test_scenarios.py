@@ -1,0 +1,156 @@
+"""The product's scenarios (shared/docs/product.md) with the real libraries on the simulator:
+S1 three JAX trainings by joblib on one card, S2 a torch trainer's CPU-only collectors, S3 a JAX
+learner, torch actors and a plain CUDA simulator process under `gpuvisor run`."""
+
+import json
+import re
+import sys
+import unittest
+
+from fwtest import GIB, REPO, FrameworkTest, events, gib, venv_python
+
+OUT_OF_MEMORY = re.compile(r"out of memory|RESOURCE_EXHAUSTED|OUT_OF_MEMORY|failed to allocate",
+                           re.IGNORECASE)
+# Neither the caller's framework settings nor its device selection leak into the scenarios.
+CLEAN = {"XLA_PYTHON_CLIENT_PREALLOCATE": None, "XLA_PYTHON_CLIENT_MEM_FRACTION": None,
+         "XLA_CLIENT_MEM_FRACTION": None, "JAX_PLATFORMS": None, "CUDA_VISIBLE_DEVICES": None,
+         "PYTORCH_CUDA_ALLOC_CONF": None, "PYTORCH_ALLOC_CONF": None}
+
+
+class S1JoblibJax(FrameworkTest):
+    """S1: three JAX trainings started by joblib on one simulated 40 GiB card."""
+
+    venv = "jax"
+    timeout = 420
+
+    def tasks(self, run):
+        r = run.result()
+        return [r.get(f"task{i}", {"ok": False, "error": "no result"}) for i in range(3)]
+
+    def test_without_budgets_the_second_preallocation_fails(self):
+        """Without budgets each JAX process preallocates 75% of 40 GiB: the second one is out
+        of memory (the field report)."""
+        workdir = self.tmp / "s1"
+        workdir.mkdir()
+        run = self.exec_worker("s1_parallel.py", [str(workdir)], ["--simulate", "1x40GiB"],
+                               env=CLEAN, expect_status=None)
+        tasks = self.tasks(run)
+        for task in tasks:
+            sys.stderr.write(f"\n  task {task['task'] if 'task' in task else '?'}: "
+                             f"{'ok' if task.get('ok') else task.get('error', '')[:160]}")
+        self.assertTrue(tasks[0].get("ok"), f"the first training failed: {tasks[0]}")
+        self.assertEqual(tasks[0].get("bytes_limit"), int(0.75 * 40 * GIB))
+        self.assertFalse(tasks[1].get("ok"), "the second training did not fail without budgets")
+        self.assertRegex(tasks[1].get("error", "") + run.stderr, OUT_OF_MEMORY)
+
+    def test_with_budgets_all_three_finish(self):
+        """Under `gpuvisor exec --mem-per-process 12GiB` all three finish, each with a pool of
+        75% of its 12 GiB."""
+        workdir = self.tmp / "s1"
+        workdir.mkdir()
+        run = self.exec_worker("s1_parallel.py", [str(workdir)],
+                               ["--simulate", "1x40GiB", "--mem-per-process", "12GiB"], env=CLEAN)
+        for task in self.tasks(run):
+            self.assertTrue(task.get("ok"), f"task {task.get('task')} failed: {task}")
+            self.assertEqual(task.get("bytes_limit"), int(0.75 * 12 * GIB))
+            peak = run.peak(task["pid"])
+            sys.stderr.write(f"\n  task {task['task']}: pid {task['pid']}, ledger peak {gib(peak)}")
+            self.assertLessEqual(peak, 12 * GIB)
+        self.assertEqual(run.summary["denials_total"], 0)
+
+
+class S2CpuOnlyCollectors(FrameworkTest):
+    """S2: a torch trainer whose collectors (forked and spawned) touch CUDA while CPU-only."""
+
+    venv = "torch"
+    timeout = 300
+
+    def test_collectors_refused_and_listed_trainer_unaffected(self):
+        workdir = self.tmp / "s2"
+        workdir.mkdir()
+        run = self.exec_worker("s2_trainer.py", [str(workdir)],
+                               ["--simulate", "h100", "--mem-per-process", "8GiB",
+                                "--children-cpu-only"], env=CLEAN)
+        r = run.result()
+        self.assertEqual(r["trainer_mem_total"], 8 * GIB)
+        self.assertEqual(r["trainer_steps"], 10)
+        trainer = run.process(r["trainer_pid"])
+        self.assertFalse(trainer["cpu_only_violation"], "the trainer was counted as a violation")
+        self.assertGreater(trainer["peak_bytes"][0], 0, "the trainer's GPU use is not in the ledger")
+        listed = {p["pid"] for p in run.summary["processes"] if p["cpu_only_violation"]}
+        for collector in r["collectors"]:
+            sys.stderr.write(f"\n  collector {collector['index']} ({collector.get('start_method')}, "
+                             f"pid {collector.get('pid')}): {collector['outcome']} "
+                             f"{collector.get('error', '')[:100]}")
+            self.assertEqual(collector["outcome"], "refused", f"collector {collector}")
+            self.assertIn(collector["pid"], listed,
+                          f"collector {collector['index']} is not listed as a CPU-only violation")
+        self.assertEqual(listed, {c["pid"] for c in r["collectors"]},
+                         "processes other than the collectors were listed")
+
+
+class S3LearnerActorsSimulator(FrameworkTest):
+    """S3: a JAX learner (30%), three torch actors (10% each) and a plain CUDA simulator process
+    (the rest) under `gpuvisor run` on one simulated 80 GiB card."""
+
+    timeout = 480
+
+    def test_learner_actors_simulator(self):
+        jax_python = venv_python(self, "jax")
+        torch_python = venv_python(self, "torch")
+        here = REPO / "tests" / "frameworks"
+        job = f"""
+[job]
+name = "frameworks-s3"
+
+[process.sim]
+command = ["python3", {json.dumps(str(REPO / "examples" / "cuda_alloc.py"))}, "--mib", "4096", "--steps", "4"]
+framework = "cuda"
+memory = "rest"
+
+[process.learner]
+command = [{json.dumps(jax_python)}, {json.dumps(str(here / "jax_worker.py"))}, "train", "--steps", "3"]
+framework = "jax"
+memory = "30%"
+
+[process.actor]
+command = [{json.dumps(torch_python)}, {json.dumps(str(here / "torch_worker.py"))}, "mlp", "--steps", "5"]
+replicas = 3
+framework = "torch"
+memory = "10%"
+after = ["learner"]
+"""
+        run = self.run_job(job, ["--simulate", "1x80GiB"])
+        self.assert_status(run)
+        plan = json.loads((run.run_dir / "plan.json").read_text())
+        budgets = {(r["process"], r["replica"]): r["budget_bytes"] for r in plan["replicas"]}
+        exits = {e["process"]: e for e in events(run.run_dir) if e["kind"] == "exit"}
+        for label in ["sim", "learner", "actor[0]", "actor[1]", "actor[2]"]:
+            self.assertIn(label, exits, f"{label} never exited")
+            self.assertEqual(exits[label].get("code"), 0, f"{label}: {exits[label]}")
+        denials = [e for e in events(run.run_dir) if e["kind"] == "denial"]
+        self.assertEqual(denials, [], "allocations were refused")
+
+        learner = run.result(text=run.log("learner"), who="the learner")
+        budget = budgets[("learner", 0)]
+        fraction = float(learner["mem_fraction"])
+        sys.stderr.write(f"\n  learner: budget {gib(budget)}, XLA fraction {fraction}, "
+                         f"bytes_limit {gib(learner['bytes_limit'] or 0)}")
+        self.assertIn("CudaDevice", learner["device_types"])
+        self.assertAlmostEqual(learner["bytes_limit"], int(fraction * budget), delta=2 << 20)
+        self.assertEqual(learner.get("train_steps"), 3)
+        for replica in range(3):
+            actor = run.result(text=run.log(f"actor.{replica}"), who=f"actor {replica}")
+            budget = budgets[("actor", replica)]
+            sys.stderr.write(f"\n  actor {replica}: budget {gib(budget)}, sees "
+                             f"{gib(actor['mem_get_info_total'])}, max_memory_reserved "
+                             f"{gib(actor['max_memory_reserved'])}")
+            self.assertEqual(actor["mem_get_info_total"], budget)
+            self.assertEqual(actor["steps"], 5)
+        sim_log = run.log("sim")
+        budget = budgets[("sim", 0)]
+        self.assertIn(f"device: {budget / GIB:.2f} GiB total", sim_log)
+
+
+if __name__ == "__main__":
+    unittest.main()
