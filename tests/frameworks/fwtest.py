@@ -123,6 +123,10 @@ class Run:
                 return entry
         raise AssertionError(f"pid {pid} is not in gpuvisor's summary: {self.summary}")
 
+    def peak(self, pid, device=0):
+        """The ledger's peak for a process on a GPU (the exec summary's `peak_bytes`)."""
+        return self.process(pid)["peak_bytes"][device]
+
     def denials_of(self, pid):
         return [d for d in (self.summary or {}).get("denials", []) if d["pid"] == pid]
 
@@ -180,8 +184,9 @@ class FrameworkTest(unittest.TestCase):
                 sys.stderr.write(run.dump() + "\n========\n")
             sys.stderr.flush()
             raise
-        if self.framework:
-            COLLECTED_TESTS.add(self.id())
+        finally:
+            if self.framework and self.runs:
+                COLLECTED_TESTS.add(self.id())
 
     def command(self, argv, env=None, timeout=None, cwd=None):
         """Run ARGV (in its own process group, killed whole at the time limit); returns a Run."""
@@ -277,12 +282,6 @@ class FrameworkTest(unittest.TestCase):
         for versions in run.results("VERSIONS"):
             line = ", ".join(f"{k} {v}" for k, v in versions.items())
             sys.stderr.write(f"\n  [{self._testMethodName}] ran: {line} ")
-
-    def peak(self, run, pid, device=0):
-        return self.process_entry(run, pid)["peak_bytes"][device]
-
-    def process_entry(self, run, pid):
-        return run.process(pid)
 
 
 def tail(text, lines=25):
