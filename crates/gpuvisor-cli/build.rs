@@ -97,7 +97,12 @@ fn build_libraries(crates: &Path, manifest: &Path, out: &Path) {
         "gpuvisor_sim",
         "cdylib",
         &sim,
-        &["-C", "link-arg=-Wl,-soname,libcuda.so.1"],
+        &[
+            "-C",
+            "link-arg=-Wl,-soname,libcuda.so.1",
+            "-C",
+            "link-arg=-Wl,-Bsymbolic-functions",
+        ],
     );
     std::fs::write(&stamp, inputs)
         .unwrap_or_else(|error| panic!("writing {}: {error}", stamp.display()));

@@ -49,6 +49,8 @@ struct Live {
     device: usize,
     bytes: u64,
     granules: u64,
+    /// Charged to a memory pool's reserve, not to the device directly.
+    pooled: bool,
 }
 
 /// Hashes addresses and free-list keys, whose low 21 bits are mostly zero. SipHash (the
@@ -215,13 +217,22 @@ impl Allocations {
 
     /// cuMemAlloc: charges `bytes` on `ordinal` and returns a fake address for them.
     pub fn allocate(&self, ordinal: usize, bytes: u64) -> Result<u64, i32> {
+        self.allocate_as(ordinal, bytes, false)
+    }
+
+    /// A fake address for `bytes` a memory pool already holds (nothing charged here).
+    pub fn allocate_pooled(&self, ordinal: usize, bytes: u64) -> Result<u64, i32> {
+        self.allocate_as(ordinal, bytes, true)
+    }
+
+    fn allocate_as(&self, ordinal: usize, bytes: u64, pooled: bool) -> Result<u64, i32> {
         if bytes == 0 {
             return Err(code::INVALID_VALUE);
         }
         if ordinal >= self.devices.len() {
             return Err(code::INVALID_DEVICE);
         }
-        if !self.charge(ordinal, bytes) {
+        if !pooled && !self.charge(ordinal, bytes) {
             return Err(code::OUT_OF_MEMORY);
         }
         let granules = bytes.div_ceil(GRANULARITY);
@@ -243,7 +254,9 @@ impl Allocations {
                 if span > WINDOW - offset {
                     // Only after more than 1 TiB of distinct live sizes in one thread.
                     drop(guard);
-                    self.uncharge(ordinal, bytes);
+                    if !pooled {
+                        self.uncharge(ordinal, bytes);
+                    }
                     return Err(code::OUT_OF_MEMORY);
                 }
                 state.bump[ordinal] = offset + span;
@@ -257,25 +270,59 @@ impl Allocations {
             device: ordinal,
             bytes,
             granules,
+            pooled,
         };
         state.live.insert(address, live);
         Ok(address)
     }
 
+    /// The live allocation holding `address` (any byte of it): (base, bytes, device).
+    /// Allocations start on a granule, so this looks at each granule start below `address`.
+    pub fn range_of(&self, address: u64) -> Option<(u64, u64, usize)> {
+        let offset = address.checked_sub(ADDRESS_BASE)?;
+        let shard = (offset >> SHARD_SHIFT) as usize;
+        if shard >= SHARDS {
+            return None;
+        }
+        let window_start = ADDRESS_BASE + ((offset >> DEVICE_SHIFT) << DEVICE_SHIFT);
+        let device = ((offset >> DEVICE_SHIFT) & 63) as usize;
+        let mut guard = self.shards[shard].lock();
+        let state = guard.state();
+        // Nothing was ever handed out at or above the window's bump offset.
+        if address - window_start >= state.bump.get(device).copied().unwrap_or(0) {
+            return None;
+        }
+        let mut base = address - (address - ADDRESS_BASE) % GRANULARITY;
+        loop {
+            if let Some(live) = state.live.get(&base) {
+                return (address < base + live.bytes.max(1)).then_some((
+                    base,
+                    live.bytes,
+                    live.device,
+                ));
+            }
+            if base < window_start + GRANULARITY {
+                return None;
+            }
+            base -= GRANULARITY;
+        }
+    }
+
     /// cuMemFree: takes `address` back and uncharges it; INVALID_VALUE when it is not live.
-    pub fn free(&self, address: u64) -> i32 {
+    /// A pooled allocation is not uncharged: its (device, bytes) are returned for its pool.
+    pub fn free(&self, address: u64) -> Result<Option<(usize, u64)>, i32> {
         let Some(shard) = address
             .checked_sub(ADDRESS_BASE)
             .map(|offset| (offset >> SHARD_SHIFT) as usize)
             .filter(|&shard| shard < SHARDS)
         else {
-            return code::INVALID_VALUE;
+            return Err(code::INVALID_VALUE);
         };
         let live = {
             let mut guard = self.shards[shard].lock();
             let state = guard.state();
             let Some(live) = state.live.remove(&address) else {
-                return code::INVALID_VALUE;
+                return Err(code::INVALID_VALUE);
             };
             state
                 .free
@@ -284,8 +331,11 @@ impl Allocations {
                 .push(address);
             live
         };
+        if live.pooled {
+            return Ok(Some((live.device, live.bytes)));
+        }
         self.uncharge(live.device, live.bytes);
-        code::SUCCESS
+        Ok(None)
     }
 }
 
@@ -307,7 +357,7 @@ mod tests {
     fn freed_addresses_are_reused_for_the_same_size_and_device_only() {
         let table = table();
         let first = table.allocate(0, 3 << 20).unwrap();
-        assert_eq!(table.free(first), code::SUCCESS);
+        assert_eq!(table.free(first), Ok(None));
         assert_eq!(table.allocate(0, 4 << 20).unwrap(), first, "same granules");
         let other_size = table.allocate(0, 1).unwrap();
         let other_device = table.allocate(1, 4 << 20).unwrap();
@@ -321,11 +371,11 @@ mod tests {
     fn free_refuses_unknown_and_double_frees_and_uncharges_exactly() {
         let table = table();
         let address = table.allocate(0, 5).unwrap();
-        assert_eq!(table.free(address + 1), code::INVALID_VALUE);
-        assert_eq!(table.free(0), code::INVALID_VALUE);
-        assert_eq!(table.free(u64::MAX), code::INVALID_VALUE);
-        assert_eq!(table.free(address), code::SUCCESS);
-        assert_eq!(table.free(address), code::INVALID_VALUE);
+        assert_eq!(table.free(address + 1), Err(code::INVALID_VALUE));
+        assert_eq!(table.free(0), Err(code::INVALID_VALUE));
+        assert_eq!(table.free(u64::MAX), Err(code::INVALID_VALUE));
+        assert_eq!(table.free(address), Ok(None));
+        assert_eq!(table.free(address), Err(code::INVALID_VALUE));
         assert_eq!(table.used_bytes(0), 0);
     }
 
@@ -338,7 +388,7 @@ mod tests {
                     scope.spawn(|| {
                         for _ in 0..1000 {
                             let address = table.allocate(0, 1 << 20).unwrap();
-                            assert_eq!(table.free(address), code::SUCCESS);
+                            assert_eq!(table.free(address), Ok(None));
                         }
                         table.allocate(0, 1 << 20).unwrap()
                     })
@@ -355,7 +405,7 @@ mod tests {
         std::thread::scope(|scope| {
             scope.spawn(|| {
                 for address in &addresses {
-                    assert_eq!(table.free(*address), code::SUCCESS);
+                    assert_eq!(table.free(*address), Ok(None));
                 }
             });
         });

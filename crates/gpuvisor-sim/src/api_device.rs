@@ -1,12 +1,63 @@
-//! Exported entry points: initialisation, devices, contexts and streams.
+//! Exported entry points: initialisation, devices and contexts.
 
 use std::ffi::{c_char, c_void};
 
-use crate::driver::{code, lock, with_driver};
-use crate::put;
+use std::sync::atomic::{AtomicI32, Ordering};
 
-/// The driver version reported (12.8: new enough for every entry point exported here).
-pub const DRIVER_VERSION: i32 = 12080;
+use crate::driver::{code, lock, with_driver};
+use crate::{attributes, put};
+
+/// The driver version reported unless `GPUVISOR_SIM_DRIVER_VERSION` says otherwise: 13.2,
+/// which the CUDA 13 runtime requires (cudart 13 refuses a driver below 13000) and the CUDA 12
+/// runtimes accept, as a real 13.x driver serves both.
+pub const DEFAULT_DRIVER_VERSION: i32 = 13020;
+/// The environment variable that sets the simulated driver version (e.g. `12080`).
+pub const DRIVER_VERSION_ENV: &str = "GPUVISOR_SIM_DRIVER_VERSION";
+
+static DRIVER_VERSION: AtomicI32 = AtomicI32::new(0);
+
+/// The simulated driver's version (read from the environment once).
+pub fn driver_version() -> i32 {
+    let known = DRIVER_VERSION.load(Ordering::Relaxed);
+    if known != 0 {
+        return known;
+    }
+    let version = match std::env::var(DRIVER_VERSION_ENV) {
+        Ok(text) => match text.trim().parse::<i32>() {
+            Ok(version) if (9000..100_000).contains(&version) => version,
+            _ => {
+                eprintln!(
+                    "gpuvisor-sim: {DRIVER_VERSION_ENV}=`{text}` is not a CUDA version like 13020; using {DEFAULT_DRIVER_VERSION}"
+                );
+                DEFAULT_DRIVER_VERSION
+            }
+        },
+        Err(_) => DEFAULT_DRIVER_VERSION,
+    };
+    DRIVER_VERSION.store(version, Ordering::Relaxed);
+    version
+}
+
+/// What the runtime's integrity check hashes per visible device: UUID, PCI domain, bus and
+/// device number (28 bytes).
+pub fn device_identities() -> Vec<[u8; 28]> {
+    let guard = lock();
+    let Some(driver) = guard.as_ref().filter(|driver| driver.initialized()) else {
+        return Vec::new();
+    };
+    driver
+        .devices
+        .iter()
+        .map(|device| {
+            let mut record = [0u8; 28];
+            record[..16].copy_from_slice(&device.uuid_bytes());
+            record[16..20].copy_from_slice(&0i32.to_le_bytes());
+            record[20..24].copy_from_slice(&(device.index as i32 + 1).to_le_bytes());
+            record[24..28].copy_from_slice(&0i32.to_le_bytes());
+            record
+        })
+        .collect()
+}
 
 /// cuInit: reads the simulated machine from the environment.
 #[no_mangle]
@@ -20,7 +71,7 @@ pub extern "C" fn cuInit(_flags: u32) -> i32 {
 /// cuDriverGetVersion.
 #[no_mangle]
 pub unsafe extern "C" fn cuDriverGetVersion(version: *mut i32) -> i32 {
-    if put(version, DRIVER_VERSION) {
+    if put(version, driver_version()) {
         code::SUCCESS
     } else {
         code::INVALID_VALUE
@@ -96,40 +147,16 @@ pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, device: i32) -> 
     })
 }
 
-/// cuDeviceGetAttribute: plausible values of an sm_90 card for the attributes frameworks ask
-/// about; 0 for the rest.
+/// cuDeviceGetAttribute: an H100's value for every attribute ([`crate::attributes`]).
 #[no_mangle]
 pub unsafe extern "C" fn cuDeviceGetAttribute(value: *mut i32, attribute: i32, device: i32) -> i32 {
     with_driver(|driver| {
         let Some(ordinal) = driver.device(device) else {
             return code::INVALID_DEVICE;
         };
-        let answer = match attribute {
-            1 | 2 => 1024,                 // max threads per block / block dim x
-            3 => 1024,                     // block dim y
-            4 => 64,                       // block dim z
-            5 => i32::MAX,                 // grid dim x
-            6 | 7 => 65535,                // grid dim y, z
-            8 => 48 * 1024,                // shared memory per block
-            9 => 65536,                    // total constant memory
-            10 => 32,                      // warp size
-            12 => 65536,                   // registers per block
-            13 => 1_755_000,               // clock rate (kHz)
-            16 => 132,                     // multiprocessors
-            33 => ordinal as i32 + 1,      // PCI bus id
-            36 => 2_619_000,               // memory clock rate (kHz)
-            37 => 5120,                    // global memory bus width
-            38 => 50 * 1024 * 1024,        // L2 cache size
-            39 => 2048,                    // max threads per multiprocessor
-            41 | 83 | 89 | 102 | 115 => 1, // unified addressing, managed, concurrent managed, VMM, pools
-            75 => 9,                       // compute capability major
-            76 => 0,                       // compute capability minor
-            _ => 0,
-        };
-        if put(value, answer) {
-            code::SUCCESS
-        } else {
-            code::INVALID_VALUE
+        match attributes::h100(attribute, driver.devices[ordinal].index) {
+            Some(answer) if put(value, answer) => code::SUCCESS,
+            _ => code::INVALID_VALUE,
         }
     })
 }
@@ -320,48 +347,5 @@ pub unsafe extern "C" fn cuCtxPopCurrent_v2(context: *mut *mut c_void) -> i32 {
             put(context, handle as *mut c_void);
             code::SUCCESS
         }
-    })
-}
-
-/// cuCtxSynchronize: nothing runs, so nothing to wait for.
-#[no_mangle]
-pub extern "C" fn cuCtxSynchronize() -> i32 {
-    with_driver(|driver| {
-        driver
-            .current_device()
-            .map_or_else(|error| error, |_| code::SUCCESS)
-    })
-}
-
-/// cuStreamCreate: a stream on the current context.
-#[no_mangle]
-pub unsafe extern "C" fn cuStreamCreate(stream: *mut *mut c_void, _flags: u32) -> i32 {
-    with_driver(|driver| {
-        if stream.is_null() {
-            return code::INVALID_VALUE;
-        }
-        match driver.create_stream() {
-            Ok(handle) => {
-                put(stream, handle as *mut c_void);
-                code::SUCCESS
-            }
-            Err(error) => error,
-        }
-    })
-}
-
-/// cuStreamDestroy_v2.
-#[no_mangle]
-pub extern "C" fn cuStreamDestroy_v2(stream: *mut c_void) -> i32 {
-    with_driver(|driver| driver.destroy_stream(stream as u64))
-}
-
-/// cuStreamSynchronize: nothing runs, so nothing to wait for.
-#[no_mangle]
-pub extern "C" fn cuStreamSynchronize(stream: *mut c_void) -> i32 {
-    with_driver(|driver| {
-        driver
-            .stream_device(stream as u64)
-            .map_or_else(|error| error, |_| code::SUCCESS)
     })
 }

@@ -7,7 +7,7 @@ use crate::driver::{code, current_device_fast, published, with_driver, Driver, G
 use crate::put;
 
 /// Allocates on `ordinal` and writes the address to `out`.
-unsafe fn allocate_into(
+pub unsafe fn allocate_into(
     driver: &mut Driver,
     out: *mut u64,
     ordinal: Result<usize, i32>,
@@ -83,51 +83,27 @@ pub unsafe extern "C" fn cuMemAllocManaged(address: *mut u64, bytes: usize, _fla
     cuMemAlloc_v2(address, bytes)
 }
 
-/// cuMemAllocAsync: on the stream's device, available at once.
-#[no_mangle]
-pub unsafe extern "C" fn cuMemAllocAsync(
-    address: *mut u64,
-    bytes: usize,
-    stream: *mut c_void,
-) -> i32 {
-    with_driver(|driver| {
-        let ordinal = driver.stream_device(stream as u64);
-        allocate_into(driver, address, ordinal, bytes)
-    })
-}
-
-/// cuMemAllocFromPoolAsync: on the pool's device.
-#[no_mangle]
-pub unsafe extern "C" fn cuMemAllocFromPoolAsync(
-    address: *mut u64,
-    bytes: usize,
-    pool: *mut c_void,
-    stream: *mut c_void,
-) -> i32 {
-    with_driver(|driver| {
-        if let Err(error) = driver.stream_device(stream as u64) {
-            return error;
-        }
-        let ordinal = driver.pool_device(pool as u64);
-        allocate_into(driver, address, ordinal, bytes)
-    })
-}
-
-/// cuMemFree_v2. The hot path: no lock, no system call.
+/// cuMemFree_v2. The hot path: no lock, no system call. Freeing 0 is allowed (the
+/// `cudaFree(0)` idiom that only makes sure a context exists). A stream-ordered allocation
+/// goes back to its pool.
 #[no_mangle]
 pub extern "C" fn cuMemFree_v2(address: u64) -> i32 {
-    published().map_or(code::NOT_INITIALIZED, |table| table.free(address))
-}
-
-/// cuMemFreeAsync: freed at once.
-#[no_mangle]
-pub extern "C" fn cuMemFreeAsync(address: u64, _stream: *mut c_void) -> i32 {
-    cuMemFree_v2(address)
+    let Some(table) = published() else {
+        return code::NOT_INITIALIZED;
+    };
+    if address == 0 {
+        return code::SUCCESS;
+    }
+    match table.free(address) {
+        Ok(None) => code::SUCCESS,
+        Ok(Some(pooled)) => crate::api_pool::returned(address, pooled),
+        Err(error) => error,
+    }
 }
 
 /// The device a CUmemAllocationProp / CUmemPoolProps names: both start with
 /// `{int type; int handleTypes; {int locationType; int id} location; ...}`.
-unsafe fn prop_device(driver: &Driver, prop: *const c_void) -> Result<usize, i32> {
+pub unsafe fn prop_device(driver: &Driver, prop: *const c_void) -> Result<usize, i32> {
     if prop.is_null() {
         return Err(code::INVALID_VALUE);
     }
@@ -155,7 +131,10 @@ pub unsafe extern "C" fn cuMemCreate(
             Ok(ordinal) => ordinal,
             Err(error) => return error,
         };
-        match driver.create_physical(ordinal, bytes as u64) {
+        let mut properties = [0u8; 32];
+        // SAFETY: prop_device checked `prop` is non-NULL; a CUmemAllocationProp is 32 bytes.
+        unsafe { std::ptr::copy_nonoverlapping(prop.cast::<u8>(), properties.as_mut_ptr(), 32) };
+        match driver.create_physical(ordinal, bytes as u64, properties) {
             Ok(created) => {
                 put(handle, created);
                 code::SUCCESS
@@ -208,28 +187,23 @@ pub extern "C" fn cuMemAddressFree(_address: u64, _bytes: usize) -> i32 {
     with_driver(|_| code::SUCCESS)
 }
 
-/// cuMemMap: accepted for a live handle (the bytes were charged by cuMemCreate).
+/// cuMemMap: maps `bytes` at `address` onto a live handle (the bytes were charged by
+/// cuMemCreate).
 #[no_mangle]
 pub extern "C" fn cuMemMap(
-    _address: u64,
-    _bytes: usize,
+    address: u64,
+    bytes: usize,
     _offset: usize,
     handle: u64,
     _flags: u64,
 ) -> i32 {
-    with_driver(|driver| {
-        if driver.physical_known(handle) {
-            code::SUCCESS
-        } else {
-            code::INVALID_HANDLE
-        }
-    })
+    with_driver(|driver| driver.vmm.map(address, bytes as u64, handle))
 }
 
-/// cuMemUnmap: accepted.
+/// cuMemUnmap: a handle released and no longer mapped anywhere is uncharged.
 #[no_mangle]
-pub extern "C" fn cuMemUnmap(_address: u64, _bytes: usize) -> i32 {
-    with_driver(|_| code::SUCCESS)
+pub extern "C" fn cuMemUnmap(address: u64, bytes: usize) -> i32 {
+    with_driver(|driver| driver.unmap(address, bytes as u64))
 }
 
 /// cuMemSetAccess: accepted.
@@ -241,38 +215,6 @@ pub extern "C" fn cuMemSetAccess(
     _count: usize,
 ) -> i32 {
     with_driver(|_| code::SUCCESS)
-}
-
-/// cuDeviceGetDefaultMemPool.
-#[no_mangle]
-pub unsafe extern "C" fn cuDeviceGetDefaultMemPool(pool: *mut *mut c_void, device: i32) -> i32 {
-    with_driver(|driver| match driver.device(device) {
-        Some(ordinal) if !pool.is_null() => {
-            put(pool, driver.pool(ordinal, true) as *mut c_void);
-            code::SUCCESS
-        }
-        Some(_) => code::INVALID_VALUE,
-        None => code::INVALID_DEVICE,
-    })
-}
-
-/// cuMemPoolCreate: a pool on the device its properties name.
-#[no_mangle]
-pub unsafe extern "C" fn cuMemPoolCreate(pool: *mut *mut c_void, props: *const c_void) -> i32 {
-    with_driver(|driver| match prop_device(driver, props) {
-        Ok(ordinal) if !pool.is_null() => {
-            put(pool, driver.pool(ordinal, false) as *mut c_void);
-            code::SUCCESS
-        }
-        Ok(_) => code::INVALID_VALUE,
-        Err(error) => error,
-    })
-}
-
-/// cuMemPoolDestroy.
-#[no_mangle]
-pub extern "C" fn cuMemPoolDestroy(pool: *mut c_void) -> i32 {
-    with_driver(|driver| driver.destroy_pool(pool as u64))
 }
 
 /// cuMemGetInfo_v2: the current device's physical free and total.

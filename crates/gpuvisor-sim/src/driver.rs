@@ -18,6 +18,7 @@ pub use crate::allocations::{ADDRESS_BASE, GRANULARITY};
 use crate::config::{self, SimDevice};
 use crate::physical::Physical;
 use crate::process;
+use crate::vmm::{Freed, Vmm};
 
 /// CUresult values the simulator returns.
 pub mod code {
@@ -35,12 +36,37 @@ pub mod code {
     pub const INVALID_DEVICE: i32 = 101;
     /// No current context, or an unknown one.
     pub const INVALID_CONTEXT: i32 = 201;
+    /// A file that does not exist (cuModuleLoad, cuLinkAddFile).
+    pub const FILE_NOT_FOUND: i32 = 301;
     /// An unknown handle (stream, pool, allocation).
     pub const INVALID_HANDLE: i32 = 400;
     /// A symbol that does not exist.
     pub const NOT_FOUND: i32 = 500;
+    /// The driver is shutting down (called from an exit handler after teardown).
+    pub const DEINITIALIZED: i32 = 4;
+    /// An operation not allowed in the current state (e.g. a capture already running).
+    pub const ILLEGAL_STATE: i32 = 401;
+    /// Work is still pending (cuStreamQuery, cuEventQuery).
+    pub const NOT_READY: i32 = 600;
+    /// Peer access was already enabled.
+    pub const PEER_ACCESS_ALREADY_ENABLED: i32 = 704;
+    /// cuMemHostRegister of a range already registered.
+    pub const HOST_MEMORY_ALREADY_REGISTERED: i32 = 712;
+    /// cuMemHostUnregister of a range never registered.
+    pub const HOST_MEMORY_NOT_REGISTERED: i32 = 713;
     /// Something the simulator does not model.
     pub const NOT_SUPPORTED: i32 = 801;
+}
+
+/// A stream: its device, creation flags and priority.
+#[derive(Debug, Clone, Copy)]
+pub struct Stream {
+    /// The ordinal of the device of the context it was created in.
+    pub device: usize,
+    /// CU_STREAM_* flags.
+    pub flags: u32,
+    /// Its priority (lower is more urgent).
+    pub priority: i32,
 }
 
 /// A context: which device it is on and whether it is the primary one.
@@ -64,8 +90,9 @@ pub struct Driver {
     primary_retains: HashMap<usize, u32>,
     next_handle: u64,
     next_reservation: u64,
-    vmm_handles: HashMap<u64, (usize, u64)>,
-    streams: HashMap<u64, usize>,
+    /// cuMemCreate handles and their mappings.
+    pub vmm: Vmm,
+    streams: HashMap<u64, Stream>,
     pools: HashMap<u64, usize>,
 }
 
@@ -157,10 +184,15 @@ impl Driver {
             primary_retains: HashMap::new(),
             next_handle: 1,
             next_reservation: RESERVATION_BASE,
-            vmm_handles: HashMap::new(),
+            vmm: Vmm::default(),
             streams: HashMap::new(),
             pools: HashMap::new(),
         }
+    }
+
+    /// Whether cuInit succeeded.
+    pub fn initialized(&self) -> bool {
+        self.initialized
     }
 
     /// cuInit: reads the environment once per process.
@@ -257,7 +289,7 @@ impl Driver {
     }
 
     /// The handle of `ordinal`'s primary context.
-    fn primary_handle(ordinal: usize) -> u64 {
+    pub fn primary_handle(ordinal: usize) -> u64 {
         0x5150_0000 + ordinal as u64 * 16
     }
 
@@ -321,6 +353,14 @@ impl Driver {
         }
     }
 
+    /// The device of context `handle`.
+    pub fn context_device(&self, handle: u64) -> Result<usize, i32> {
+        self.contexts
+            .get(&handle)
+            .map(|context| context.device)
+            .ok_or(code::INVALID_CONTEXT)
+    }
+
     /// Whether `handle` is a live context.
     pub fn context_known(&self, handle: u64) -> bool {
         self.contexts.contains_key(&handle)
@@ -378,11 +418,20 @@ impl Driver {
 
     /// Frees an address [`Driver::allocate`] returned.
     pub fn free(&mut self, address: u64) -> i32 {
-        self.table().free(address)
+        match self.table().free(address) {
+            Ok(_) => code::SUCCESS,
+            Err(error) => error,
+        }
     }
 
-    /// cuMemCreate: a physical allocation handle of `bytes` on `ordinal`.
-    pub fn create_physical(&mut self, ordinal: usize, bytes: u64) -> Result<u64, i32> {
+    /// cuMemCreate: a physical allocation handle of `bytes` on `ordinal`, made with the
+    /// CUmemAllocationProp `properties`.
+    pub fn create_physical(
+        &mut self,
+        ordinal: usize,
+        bytes: u64,
+        properties: [u8; 32],
+    ) -> Result<u64, i32> {
         if bytes == 0 || bytes % GRANULARITY != 0 {
             return Err(code::INVALID_VALUE);
         }
@@ -390,24 +439,48 @@ impl Driver {
             return Err(code::OUT_OF_MEMORY);
         }
         let handle = self.handle();
-        self.vmm_handles.insert(handle, (ordinal, bytes));
+        self.vmm.create(handle, ordinal, bytes, properties);
         Ok(handle)
     }
 
-    /// cuMemRelease.
+    fn give_back(&mut self, freed: impl IntoIterator<Item = Freed>) {
+        for freed in freed {
+            self.uncharge(freed.device, freed.bytes);
+        }
+    }
+
+    /// cuMemRelease: one reference fewer; uncharged when nothing holds or maps it.
     pub fn release_physical(&mut self, handle: u64) -> i32 {
-        match self.vmm_handles.remove(&handle) {
-            Some((ordinal, bytes)) => {
-                self.uncharge(ordinal, bytes);
+        match self.vmm.release(handle) {
+            Ok(freed) => {
+                self.give_back(freed);
                 code::SUCCESS
             }
-            None => code::INVALID_HANDLE,
+            Err(error) => error,
+        }
+    }
+
+    /// cuMemUnmap: uncharges handles that nothing holds any more.
+    pub fn unmap(&mut self, address: u64, bytes: u64) -> i32 {
+        match self.vmm.unmap(address, bytes) {
+            Ok(freed) => {
+                self.give_back(freed);
+                code::SUCCESS
+            }
+            Err(error) => error,
         }
     }
 
     /// Whether `handle` is a live cuMemCreate handle.
     pub fn physical_known(&self, handle: u64) -> bool {
-        self.vmm_handles.contains_key(&handle)
+        self.vmm.known(handle)
+    }
+
+    /// The device allocation or mapping holding `address`: (start, bytes, device ordinal).
+    pub fn device_range(&self, address: u64) -> Option<(u64, u64, usize)> {
+        self.vmm
+            .range_of(address)
+            .or_else(|| self.table.and_then(|table| table.range_of(address)))
     }
 
     /// Reserves a range of fake virtual addresses (cuMemAddressReserve); nothing is charged.
@@ -418,11 +491,34 @@ impl Driver {
     }
 
     /// cuStreamCreate: a stream on the current context's device.
-    pub fn create_stream(&mut self) -> Result<u64, i32> {
+    pub fn create_stream(&mut self, flags: u32, priority: i32) -> Result<u64, i32> {
         let device = self.current_device()?;
         let handle = self.handle();
-        self.streams.insert(handle, device);
+        self.streams.insert(
+            handle,
+            Stream {
+                device,
+                flags,
+                priority,
+            },
+        );
         Ok(handle)
+    }
+
+    /// A stream's details (the legacy and per-thread streams are on the current context).
+    pub fn stream(&self, handle: u64) -> Result<Stream, i32> {
+        match handle {
+            0..=2 => Ok(Stream {
+                device: self.current_device()?,
+                flags: 0,
+                priority: 0,
+            }),
+            _ => self
+                .streams
+                .get(&handle)
+                .copied()
+                .ok_or(code::INVALID_HANDLE),
+        }
     }
 
     /// cuStreamDestroy.
@@ -436,14 +532,7 @@ impl Driver {
 
     /// The device a stream works on (the legacy/per-thread streams use the current context).
     pub fn stream_device(&self, handle: u64) -> Result<usize, i32> {
-        match handle {
-            0..=2 => self.current_device(),
-            _ => self
-                .streams
-                .get(&handle)
-                .copied()
-                .ok_or(code::INVALID_HANDLE),
-        }
+        self.stream(handle).map(|stream| stream.device)
     }
 
     /// A memory pool handle on `ordinal` (the default pool is one per device).
@@ -537,10 +626,10 @@ mod tests {
     fn vmm_handles_charge_at_creation_in_whole_granules() {
         let mut driver = driver();
         assert_eq!(
-            driver.create_physical(0, GRANULARITY + 1),
+            driver.create_physical(0, GRANULARITY + 1, [0; 32]),
             Err(code::INVALID_VALUE)
         );
-        let handle = driver.create_physical(0, 4 * GRANULARITY).unwrap();
+        let handle = driver.create_physical(0, 4 * GRANULARITY, [0; 32]).unwrap();
         assert!(driver.physical_known(handle));
         assert_eq!(driver.used_bytes(0), 4 * GRANULARITY);
         assert_eq!(driver.release_physical(handle), code::SUCCESS);

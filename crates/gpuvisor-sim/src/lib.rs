@@ -8,7 +8,13 @@
 //! - [`driver`] holds the per-process state (contexts, streams, pools);
 //! - [`allocations`] is the lock-free-ish hot path of cuMemAlloc/cuMemFree (sharded table,
 //!   freed addresses reused); [`process`] caches the pid and resets the driver after fork;
-//! - [`api_device`], [`api_memory`] and [`symbols`] are the exported CUDA driver entry points.
+//! - the `api_*` modules and [`symbols`] are the exported CUDA driver entry points, by family;
+//!   [`export_tables`] the private tables the CUDA runtime needs ([`md2`] for its integrity
+//!   check); [`objects`] the handles that hold no memory (modules, functions, events, graphs);
+//!   [`vmm`] the VMM API's reference counts and mappings; [`hostfn`] host functions in stream
+//!   order; [`attributes`] an H100's device attributes; [`devnodes`] the `/dev/nvidia*` nodes;
+//!   [`generated`] (from `scripts/gen-sim-names.py`) every other name of cuda.h as a stub that
+//!   [`unserved`] records.
 //!
 //! Memory is never allocated: device pointers are fake addresses that must not be
 //! dereferenced. See docs/simulator.md for what is and is not modelled.
@@ -18,13 +24,28 @@
 #![allow(clippy::missing_safety_doc)]
 
 pub mod allocations;
+pub mod api_context;
+pub mod api_copy;
 pub mod api_device;
 pub mod api_memory;
+pub mod api_module;
+pub mod api_pool;
+pub mod api_stream;
+pub mod attributes;
 pub mod config;
+pub mod devnodes;
 pub mod driver;
+pub mod export_tables;
+pub mod forklock;
+pub mod generated;
+pub mod hostfn;
+pub mod md2;
+pub mod objects;
 pub mod physical;
 pub mod process;
 pub mod symbols;
+pub mod unserved;
+pub mod vmm;
 
 #[cfg(test)]
 mod api_tests;

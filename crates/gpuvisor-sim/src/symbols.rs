@@ -1,118 +1,49 @@
 //! cuGetProcAddress and the error-name functions.
 //!
 //! cuGetProcAddress takes a base name ("cuMemAlloc") and the CUDA version the caller was built
-//! for, and returns the newest variant that version knows ("cuMemAlloc_v2"). Stream-ordering
-//! flags (per-thread default stream) are accepted and ignored: the simulator has one stream
-//! semantics for all.
+//! for, and returns the newest revision that version knows ("cuMemAlloc_v2"), from the
+//! revision table of cudaTypedefs.h (`generated::VERSIONS`). A revision the simulator does not
+//! implement is "not found" (status 1), never an older revision with another signature: the
+//! runtime then falls back or goes without. Stream-ordering flags (per-thread default stream)
+//! are accepted and ignored: the simulator has one stream semantics for all.
 
 use std::ffi::{c_char, c_void, CStr};
 
-use crate::api_device::*;
-use crate::api_memory::*;
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use crate::driver::code;
-use crate::put;
+use crate::{api_device, generated, put, unserved};
 
-/// Base names whose entry point changed with a CUDA version: (base, since version, symbol).
-/// The highest `since` not above the caller's version wins.
-const VERSIONED: &[(&str, i32, &str)] = &[
-    ("cuMemAlloc", 3020, "cuMemAlloc_v2"),
-    ("cuMemAllocPitch", 3020, "cuMemAllocPitch_v2"),
-    ("cuMemFree", 3020, "cuMemFree_v2"),
-    ("cuMemGetInfo", 3020, "cuMemGetInfo_v2"),
-    ("cuDeviceTotalMem", 3020, "cuDeviceTotalMem_v2"),
-    ("cuCtxCreate", 3020, "cuCtxCreate_v2"),
-    ("cuCtxCreate", 11040, "cuCtxCreate_v3"),
-    ("cuCtxCreate", 12050, "cuCtxCreate_v4"),
-    ("cuCtxDestroy", 4000, "cuCtxDestroy_v2"),
-    ("cuCtxPushCurrent", 4000, "cuCtxPushCurrent_v2"),
-    ("cuCtxPopCurrent", 4000, "cuCtxPopCurrent_v2"),
-    ("cuStreamDestroy", 4000, "cuStreamDestroy_v2"),
-    (
-        "cuDevicePrimaryCtxRelease",
-        11000,
-        "cuDevicePrimaryCtxRelease_v2",
-    ),
-    (
-        "cuDevicePrimaryCtxSetFlags",
-        11000,
-        "cuDevicePrimaryCtxSetFlags_v2",
-    ),
-    ("cuDeviceGetUuid", 9020, "cuDeviceGetUuid"),
-    ("cuDeviceGetUuid", 11040, "cuDeviceGetUuid_v2"),
-    ("cuGetProcAddress", 11030, "cuGetProcAddress"),
-    ("cuGetProcAddress", 12000, "cuGetProcAddress_v2"),
-];
+/// Whether the "built for a newer CUDA" line was printed (once per process).
+static NEWER_SAID: AtomicBool = AtomicBool::new(false);
 
-/// The exported function named exactly `name`.
-pub fn exported(name: &str) -> Option<*mut c_void> {
-    let address = match name {
-        "cuInit" => cuInit as *const (),
-        "cuDriverGetVersion" => cuDriverGetVersion as *const (),
-        "cuDeviceGetCount" => cuDeviceGetCount as *const (),
-        "cuDeviceGet" => cuDeviceGet as *const (),
-        "cuDeviceGetName" => cuDeviceGetName as *const (),
-        "cuDeviceGetUuid" => cuDeviceGetUuid as *const (),
-        "cuDeviceGetUuid_v2" => cuDeviceGetUuid_v2 as *const (),
-        "cuDeviceTotalMem_v2" => cuDeviceTotalMem_v2 as *const (),
-        "cuDeviceGetAttribute" => cuDeviceGetAttribute as *const (),
-        "cuDeviceComputeCapability" => cuDeviceComputeCapability as *const (),
-        "cuDevicePrimaryCtxRetain" => cuDevicePrimaryCtxRetain as *const (),
-        "cuDevicePrimaryCtxRelease" => cuDevicePrimaryCtxRelease as *const (),
-        "cuDevicePrimaryCtxRelease_v2" => cuDevicePrimaryCtxRelease_v2 as *const (),
-        "cuDevicePrimaryCtxGetState" => cuDevicePrimaryCtxGetState as *const (),
-        "cuDevicePrimaryCtxSetFlags_v2" => cuDevicePrimaryCtxSetFlags_v2 as *const (),
-        "cuCtxCreate_v2" => cuCtxCreate_v2 as *const (),
-        "cuCtxCreate_v3" => cuCtxCreate_v3 as *const (),
-        "cuCtxCreate_v4" => cuCtxCreate_v4 as *const (),
-        "cuCtxDestroy_v2" => cuCtxDestroy_v2 as *const (),
-        "cuCtxSetCurrent" => cuCtxSetCurrent as *const (),
-        "cuCtxGetCurrent" => cuCtxGetCurrent as *const (),
-        "cuCtxGetDevice" => cuCtxGetDevice as *const (),
-        "cuCtxPushCurrent_v2" => cuCtxPushCurrent_v2 as *const (),
-        "cuCtxPopCurrent_v2" => cuCtxPopCurrent_v2 as *const (),
-        "cuCtxSynchronize" => cuCtxSynchronize as *const (),
-        "cuStreamCreate" => cuStreamCreate as *const (),
-        "cuStreamDestroy_v2" => cuStreamDestroy_v2 as *const (),
-        "cuStreamSynchronize" => cuStreamSynchronize as *const (),
-        "cuMemAlloc_v2" => cuMemAlloc_v2 as *const (),
-        "cuMemAllocPitch_v2" => cuMemAllocPitch_v2 as *const (),
-        "cuMemAllocManaged" => cuMemAllocManaged as *const (),
-        "cuMemAllocAsync" => cuMemAllocAsync as *const (),
-        "cuMemAllocFromPoolAsync" => cuMemAllocFromPoolAsync as *const (),
-        "cuMemFree_v2" => cuMemFree_v2 as *const (),
-        "cuMemFreeAsync" => cuMemFreeAsync as *const (),
-        "cuMemCreate" => cuMemCreate as *const (),
-        "cuMemRelease" => cuMemRelease as *const (),
-        "cuMemGetAllocationGranularity" => cuMemGetAllocationGranularity as *const (),
-        "cuMemAddressReserve" => cuMemAddressReserve as *const (),
-        "cuMemAddressFree" => cuMemAddressFree as *const (),
-        "cuMemMap" => cuMemMap as *const (),
-        "cuMemUnmap" => cuMemUnmap as *const (),
-        "cuMemSetAccess" => cuMemSetAccess as *const (),
-        "cuDeviceGetDefaultMemPool" => cuDeviceGetDefaultMemPool as *const (),
-        "cuMemPoolCreate" => cuMemPoolCreate as *const (),
-        "cuMemPoolDestroy" => cuMemPoolDestroy as *const (),
-        "cuMemGetInfo_v2" => cuMemGetInfo_v2 as *const (),
-        "cuGetProcAddress" => cuGetProcAddress as *const (),
-        "cuGetProcAddress_v2" => cuGetProcAddress_v2 as *const (),
-        "cuGetErrorName" => cuGetErrorName as *const (),
-        "cuGetErrorString" => cuGetErrorString as *const (),
-        "cuGetExportTable" => cuGetExportTable as *const (),
-        _ => return None,
-    };
-    Some(address as *mut c_void)
+/// The symbol implementing `base` in its variant number `variant` (0 = the plain name):
+/// cuda.h names the n-th revision of an entry point `base_v{n+1}`.
+fn variant_symbol(base: &str, variant: usize) -> String {
+    if variant == 0 {
+        base.to_string()
+    } else {
+        format!("{base}_v{}", variant + 1)
+    }
 }
 
-/// What cuGetProcAddress returns for base name `name` at CUDA `version`.
-pub fn resolve(name: &str, version: i32) -> Option<*mut c_void> {
-    let versioned = VERSIONED
-        .iter()
-        .filter(|(base, since, _)| *base == name && *since <= version)
-        .max_by_key(|(_, since, _)| *since);
-    match versioned {
-        Some((_, _, symbol)) => exported(symbol),
-        None if VERSIONED.iter().any(|(base, ..)| *base == name) => None,
-        None => exported(name),
+/// The exported function named exactly `name`, if implemented.
+pub fn exported(name: &str) -> Option<*mut c_void> {
+    generated::implemented(name).map(|address| address.cast_mut().cast())
+}
+
+/// What cuGetProcAddress answers for base name `name` at CUDA `version`: the entry point of
+/// the newest revision that version knows, else why not (status 1: no such symbol, 2: the
+/// version is too old for it).
+pub fn resolve(name: &str, version: i32) -> Result<*mut c_void, i32> {
+    match generated::VERSIONS.iter().find(|(base, _)| *base == name) {
+        Some((_, revisions)) => {
+            let Some(variant) = revisions.iter().rposition(|&since| since <= version) else {
+                return Err(2);
+            };
+            exported(&variant_symbol(name, variant)).ok_or(1)
+        }
+        None => exported(name).ok_or(1),
     }
 }
 
@@ -142,25 +73,30 @@ pub unsafe extern "C" fn cuGetProcAddress_v2(
     }
     // SAFETY: the caller passes a NUL-terminated symbol name.
     let name = unsafe { CStr::from_ptr(symbol) }.to_str().unwrap_or("");
+    if version > api_device::driver_version() && !NEWER_SAID.swap(true, Ordering::Relaxed) {
+        eprintln!(
+            "gpuvisor-sim: a program built for CUDA {}.{} asks for driver entry points; the simulated driver is {}.{}\n  hint: set GPUVISOR_SIM_DRIVER_VERSION={version} if it refuses to start",
+            version / 1000,
+            version % 1000 / 10,
+            api_device::driver_version() / 1000,
+            api_device::driver_version() % 1000 / 10,
+        );
+    }
     match resolve(name, version) {
-        Some(address) => {
+        Ok(address) => {
             put(function, address);
             put(status, 0);
             code::SUCCESS
         }
-        None => {
+        Err(why) => {
+            if !name.is_empty() {
+                unserved::procaddress(name, version);
+            }
             put(function, std::ptr::null_mut());
-            let known = VERSIONED.iter().any(|(base, ..)| *base == name);
-            put(status, if known { 2 } else { 1 });
+            put(status, why);
             code::NOT_FOUND
         }
     }
-}
-
-/// cuGetExportTable: private runtime tables are not simulated.
-#[no_mangle]
-pub extern "C" fn cuGetExportTable(_table: *mut *const c_void, _id: *const c_void) -> i32 {
-    code::NOT_SUPPORTED
 }
 
 /// (name, description) of the codes the simulator knows.
@@ -218,20 +154,40 @@ mod tests {
     use super::*;
 
     #[test]
-    fn resolves_the_newest_variant_the_version_knows() {
-        assert_eq!(resolve("cuMemAlloc", 12000), exported("cuMemAlloc_v2"));
-        assert_eq!(resolve("cuCtxCreate", 11040), exported("cuCtxCreate_v3"));
-        assert_eq!(resolve("cuCtxCreate", 12080), exported("cuCtxCreate_v4"));
+    fn resolves_the_newest_revision_the_version_knows() {
+        assert_eq!(
+            resolve("cuMemAlloc", 12000),
+            Ok(exported("cuMemAlloc_v2").unwrap())
+        );
+        assert_eq!(
+            resolve("cuCtxCreate", 11040),
+            Ok(exported("cuCtxCreate_v3").unwrap())
+        );
+        assert_eq!(
+            resolve("cuCtxCreate", 12080),
+            Ok(exported("cuCtxCreate_v4").unwrap())
+        );
         assert_eq!(
             resolve("cuGetProcAddress", 11080),
-            exported("cuGetProcAddress")
+            Ok(exported("cuGetProcAddress").unwrap())
         );
         assert_eq!(
             resolve("cuGetProcAddress", 12000),
-            exported("cuGetProcAddress_v2")
+            Ok(exported("cuGetProcAddress_v2").unwrap())
         );
-        assert_eq!(resolve("cuMemCreate", 12000), exported("cuMemCreate"));
-        assert!(resolve("cuMemAlloc", 2000).is_none());
-        assert!(resolve("cuLaunchKernel", 12000).is_none());
+        assert_eq!(
+            resolve("cuMemCreate", 12000),
+            Ok(exported("cuMemCreate").unwrap())
+        );
+        assert_eq!(
+            resolve("cuMemCreate", 9000),
+            Err(2),
+            "too old for the VMM API"
+        );
+        assert_eq!(resolve("cuNoSuchThing", 12000), Err(1));
+        assert_eq!(
+            resolve("cuLaunchKernel", 12000),
+            Ok(exported("cuLaunchKernel").unwrap())
+        );
     }
 }
