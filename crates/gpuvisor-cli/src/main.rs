@@ -7,6 +7,7 @@ mod cli;
 mod commands;
 mod failure;
 mod inventory;
+mod safe_path;
 mod sha256;
 mod shim;
 mod table;
