@@ -281,3 +281,67 @@ fn a_symlink_planted_in_the_cache_is_replaced_not_followed() {
     let _ = std::fs::remove_dir_all(&cache);
     let _ = std::fs::remove_dir_all(&planted);
 }
+
+#[test]
+fn the_simulators_state_file_cannot_be_planted_as_a_symlink() {
+    let Some(_) = hostile_uid() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let job = format!("hostile-sim-{}", std::process::id());
+    let program = driver::linked().display().to_string();
+    std::fs::write(
+        dir.path().join("job.toml"),
+        format!(
+            "[job]\nname = \"{job}\"\n[process.p]\ncommand = [\"sh\", \"-c\", \"sleep 0.5; {program} init ctx 0 alloc 1GiB\"]\nmemory = \"2GiB\"\n"
+        ),
+    )
+    .unwrap();
+    // A file of root's the attacker wants written through a link in /dev/shm.
+    let victim = tmp_path("victim");
+    std::fs::write(&victim, "precious\n").unwrap();
+    let stop = tmp_path("stop");
+    // For each file of the run in /dev/shm: the simulator's state file of that pid as a link to
+    // the victim (the name the simulator used to be given), and any state file swapped for one.
+    let attacker = Command::new("runuser")
+        .args(["-u", HOSTILE, "--", "sh", "-c"])
+        .arg(format!(
+            r#"while [ ! -e {stop} ]; do for f in /dev/shm/gpuvisor-*{job}*; do [ -e "$f" ] || continue; ln -s {victim} /dev/shm/gpuvisor-sim-{job}-${{f##*-}} 2>/dev/null; case $f in /dev/shm/gpuvisor-sim-*) rm -f "$f" 2>/dev/null && ln -s {victim} "$f";; esac; done; done"#,
+            stop = stop.display(),
+            victim = victim.display()
+        ))
+        .spawn()
+        .unwrap();
+    let output = driver::gpuvisor()
+        .current_dir(dir.path())
+        .args([
+            "run",
+            "job.toml",
+            "--run-dir",
+            "run",
+            "--simulate",
+            "1x16GiB",
+        ])
+        .args(["--quiet"])
+        .output()
+        .unwrap();
+    std::fs::write(&stop, "").unwrap();
+    let _ = attacker.wait_with_output();
+    let links: Vec<PathBuf> = std::fs::read_dir("/dev/shm")
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| path.to_string_lossy().contains(&job))
+        .collect();
+    for link in &links {
+        let _ = std::fs::remove_file(link);
+    }
+    let _ = std::fs::remove_file(&stop);
+    let content = std::fs::read(&victim).unwrap();
+    let _ = std::fs::remove_file(&victim);
+    assert!(
+        content == b"precious\n",
+        "root's simulator wrote through a link the attacker made ({} bytes now): {links:?}",
+        content.len()
+    );
+    let log = std::fs::read_to_string(dir.path().join("run/logs/p.log")).unwrap_or_default();
+    assert_eq!(output.status.code(), Some(0), "{output:?}\n{log}");
+    assert!(log.contains("alloc 1073741824 rc=0"), "{log}");
+}

@@ -32,6 +32,7 @@ mod tui;
 use crate::cli::InventoryArgs;
 use crate::failure::Failure;
 use crate::inventory::load_inventory;
+use crate::runtime;
 use crate::shim;
 use crate::table::Table;
 
@@ -200,14 +201,10 @@ fn make_hooks(
             }
         })
         .collect();
-    let shm = Path::new("/dev/shm");
-    let dir = if shm.is_dir() {
-        shm.to_path_buf()
-    } else {
-        std::env::temp_dir()
-    };
+    let dir = runtime::dir()?;
     remove_stale_ledgers(&dir);
-    let pid = std::process::id();
+    // The pid last: remove_stale_ledgers finds dead runs' files by it.
+    let pid = format!("-{}", std::process::id());
     let mut extra_env = Vec::new();
     let mut files = Vec::new();
     let mut sim_state = None;
@@ -219,8 +216,15 @@ fn make_hooks(
         {
             path = format!("{path}:{existing}");
         }
-        // The simulated GPUs' shared physical accounting, for every process of the job.
-        let state = dir.join(format!("gpuvisor-sim-{safe_name}-{pid}"));
+        // The simulated GPUs' shared physical accounting, for every process of the job; made
+        // here because the simulator opens it by name and would create it.
+        let state = runtime::unguessable(&dir, &format!("gpuvisor-sim-{safe_name}."), &pid);
+        runtime::create_private_file(&state).map_err(|error| {
+            Failure::unavailable(format!(
+                "cannot create the simulator's state file {}: {error}",
+                state.display()
+            ))
+        })?;
         extra_env.push(("LD_LIBRARY_PATH".to_string(), Some(path)));
         extra_env.push((SIM_GPUS_ENV.to_string(), Some(inventory.sim_env_value())));
         extra_env.push((SIM_STATE_ENV.to_string(), Some(state.display().to_string())));
@@ -230,7 +234,7 @@ fn make_hooks(
     let hooks = match plan.enforcement {
         Enforcement::Framework => ledger::LedgerHooks::env_only(extra_env, files),
         Enforcement::Shim => {
-            let path = dir.join(format!("gpuvisor-{safe_name}-{pid}"));
+            let path = runtime::unguessable(&dir, &format!("gpuvisor-{safe_name}."), &pid);
             let shim = libraries.map(|libraries| libraries.shim.clone());
             ledger::LedgerHooks::create(plan, inventory, &path, shim, extra_env, files)?
         }
