@@ -116,9 +116,13 @@ pub fn describe_uid(uid: u32) -> String {
 /// Creates `dir` (and what is missing above it) owner-only, after checking that the part that
 /// exists is safe, and checks the result; gives the canonical path.
 pub fn create_private_dir(dir: &Path) -> Result<PathBuf, UnsafePath> {
+    let dir = &std::path::absolute(dir).map_err(|error| UnsafePath::Io {
+        path: dir.to_path_buf(),
+        error,
+    })?;
     let existing = dir
         .ancestors()
-        .find(|ancestor| ancestor.exists())
+        .find(|ancestor| ancestor.is_dir())
         .unwrap_or(Path::new("/"));
     if existing != dir {
         check_dir(existing, true)?;

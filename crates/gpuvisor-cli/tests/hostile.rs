@@ -345,3 +345,55 @@ fn the_simulators_state_file_cannot_be_planted_as_a_symlink() {
     assert_eq!(output.status.code(), Some(0), "{output:?}\n{log}");
     assert!(log.contains("alloc 1073741824 rc=0"), "{log}");
 }
+
+#[test]
+fn a_run_directory_another_user_can_change_is_refused() {
+    let Some(_) = hostile_uid() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("job.toml"),
+        "[process.p]\ncommand = [\"touch\", \"started\"]\ndevice = \"cpu\"\n",
+    )
+    .unwrap();
+    let theirs = tmp_path("runs");
+    let link = tmp_path("run-link");
+    let root_owned = tmp_path("root-owned");
+    std::fs::create_dir(&root_owned).unwrap();
+    let made = as_hostile(&format!(
+        "mkdir -m 755 '{}' && ln -s '{}' '{}'",
+        theirs.display(),
+        root_owned.display(),
+        link.display()
+    ));
+    assert!(made.status.success(), "{made:?}");
+    let owner = format!("is owned by {HOSTILE} (uid ");
+    let symlink = format!("{} is a symlink owned by {HOSTILE}", link.display());
+    for (run_dir, says) in [(theirs.join("run"), &owner), (link.clone(), &symlink)] {
+        let output = driver::gpuvisor()
+            .current_dir(dir.path())
+            .args([
+                "run",
+                "job.toml",
+                "--simulate",
+                "1x1GiB",
+                "--quiet",
+                "--run-dir",
+            ])
+            .arg(&run_dir)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{stderr}");
+        let refused = format!("error: refusing the run directory {}: ", run_dir.display());
+        assert!(
+            stderr.starts_with(&refused) && stderr.contains(says.as_str()),
+            "{stderr}"
+        );
+        assert!(!dir.path().join("started").exists(), "nothing started");
+    }
+    assert!(std::fs::read_dir(&root_owned).unwrap().next().is_none());
+    for path in [&theirs, &root_owned] {
+        let _ = std::fs::remove_dir_all(path);
+    }
+    let _ = std::fs::remove_file(&link);
+}

@@ -33,6 +33,7 @@ use crate::cli::InventoryArgs;
 use crate::failure::Failure;
 use crate::inventory::load_inventory;
 use crate::runtime;
+use crate::safe_path::{self, UnsafePath};
 use crate::shim;
 use crate::table::Table;
 
@@ -127,6 +128,7 @@ pub fn run(args: RunArgs) -> Result<ExitCode, Failure> {
         .run_dir
         .clone()
         .unwrap_or_else(|| RunDir::default_path(Path::new(DEFAULT_RUNS), &job.name));
+    let run_dir_path = safe_run_dir(&run_dir_path)?;
     let run_dir = RunDir::create(&run_dir_path).map_err(|error| match error {
         RunDirError::InUse { .. } => Failure::bad_input(error),
         RunDirError::Unwritable { .. } => Failure::unavailable(error),
@@ -164,6 +166,23 @@ pub fn run(args: RunArgs) -> Result<ExitCode, Failure> {
     let outcome = outcome?;
     eprint!("{}", render_summary(&outcome));
     Ok(ExitCode::from(outcome.status))
+}
+
+/// The run directory, made owner-only and checked from `/` down, by its canonical path: the
+/// supervisor (often root) writes its record and control socket there, and another user who
+/// could change a directory on the way could redirect or replace them.
+pub(crate) fn safe_run_dir(path: &Path) -> Result<PathBuf, Failure> {
+    safe_path::create_private_dir(path).map_err(|error| match error {
+        UnsafePath::Unsafe { component, why } => Failure::bad_input(format!(
+            "refusing the run directory {}: {} {why}\n  hint: give --run-dir a place only you and root can change",
+            path.display(),
+            component.display()
+        )),
+        UnsafePath::Io { error, .. } => Failure::unavailable(format!(
+            "cannot create the run directory {}: {error}\n  hint: choose a writable place with --run-dir DIR",
+            path.display()
+        )),
+    })
 }
 
 /// The GPUs the job is planned on: simulated, or NVML's; a job of CPU-only processes needs
