@@ -14,6 +14,8 @@ use std::io::{self, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
+use nix::fcntl::OFlag;
+
 use crate::clock::{compact_utc, now_unix_ms};
 
 /// Why a run directory cannot be used.
@@ -81,8 +83,15 @@ impl RunDir {
             .mode(0o700)
             .create(path)
             .map_err(unwritable)?;
-        // An existing directory keeps its mode from before: make it owner-only too.
-        fs::set_permissions(path, fs::Permissions::from_mode(0o700)).map_err(unwritable)?;
+        // An existing directory keeps its mode from before: make it owner-only too, through a
+        // descriptor opened without following a symlink (chmod by path would change whatever a
+        // symlink planted at `path` points to).
+        OpenOptions::new()
+            .read(true)
+            .custom_flags((OFlag::O_NOFOLLOW | OFlag::O_DIRECTORY).bits())
+            .open(path)
+            .and_then(|dir| dir.set_permissions(fs::Permissions::from_mode(0o700)))
+            .map_err(unwritable)?;
         // The claim: create the pid file exclusively; a second `run` here fails on it.
         let claim = OpenOptions::new()
             .write(true)
@@ -208,6 +217,22 @@ mod tests {
         assert!(run.logs_path().is_dir());
         let second = RunDir::create(&path).unwrap_err();
         assert!(matches!(second, RunDirError::InUse { .. }), "{second}");
+    }
+
+    #[test]
+    fn a_symlink_in_place_of_the_run_directory_is_refused_and_its_target_left_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("elsewhere");
+        fs::create_dir(&target).unwrap();
+        fs::set_permissions(&target, fs::Permissions::from_mode(0o755)).unwrap();
+        let link = dir.path().join("run");
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        assert!(matches!(
+            RunDir::create(&link),
+            Err(RunDirError::Unwritable { .. })
+        ));
+        let mode = fs::metadata(&target).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o755);
     }
 
     #[test]

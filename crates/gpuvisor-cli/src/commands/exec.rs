@@ -31,6 +31,7 @@ use gpuvisor_ledger::{
 use crate::cli::{ExecArgs, ExecChildArgs};
 use crate::failure::Failure;
 use crate::inventory::load_inventory;
+use crate::runtime;
 use crate::shim;
 use sampler::Sampler;
 use summary::Summary;
@@ -82,7 +83,8 @@ pub fn run(args: ExecArgs) -> Result<ExitCode, Failure> {
             .collect(),
         _ => Vec::new(),
     };
-    let ledger_path = runtime_path("ledger");
+    let runtime_dir = runtime::dir()?;
+    let ledger_path = runtime_path(&runtime_dir, "ledger");
     let group = group_config(&args, budget, devices.len(), fenced.len());
     let ledger_devices: Vec<DeviceInfo> = devices
         .iter()
@@ -98,7 +100,18 @@ pub fn run(args: ExecArgs) -> Result<ExitCode, Failure> {
             ledger_path.display()
         ))
     })?;
-    let sim_state = simulate.map(|_| runtime_path("sim"));
+    // The simulator opens its state file by name (and would create it): it is made here first,
+    // so no one else can have put a file or a symlink there.
+    let sim_state = simulate.map(|_| runtime_path(&runtime_dir, "sim"));
+    if let Some(state) = &sim_state {
+        if let Err(error) = runtime::create_private_file(state) {
+            let _ = ledger.remove();
+            return Err(Failure::unavailable(format!(
+                "cannot create the simulator's state file {}: {error}",
+                state.display()
+            )));
+        }
+    }
 
     let replica = exec_replica(&args, framework, budget, &devices);
     let trampoline = std::env::current_exe().map_err(|error| {
@@ -386,19 +399,8 @@ fn prepend_path(first: &Path, rest: Option<std::ffi::OsString>) -> std::ffi::OsS
     joined
 }
 
-/// A fresh name for a per-run file in /dev/shm (or the temp directory without one).
-fn runtime_path(kind: &str) -> PathBuf {
-    let dir = Path::new("/dev/shm");
-    let dir = if dir.is_dir() {
-        dir.to_path_buf()
-    } else {
-        std::env::temp_dir()
-    };
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |time| time.subsec_nanos());
-    dir.join(format!(
-        "gpuvisor-exec-{}-{nanos:09}-{kind}",
-        std::process::id()
-    ))
+/// A fresh, unguessable name for a per-run file in [`runtime::dir`].
+fn runtime_path(dir: &Path, kind: &str) -> PathBuf {
+    let prefix = format!("gpuvisor-exec-{}-", std::process::id());
+    runtime::unguessable(dir, &prefix, &format!("-{kind}"))
 }

@@ -32,6 +32,8 @@ mod tui;
 use crate::cli::InventoryArgs;
 use crate::failure::Failure;
 use crate::inventory::load_inventory;
+use crate::runtime;
+use crate::safe_path::{self, UnsafePath};
 use crate::shim;
 use crate::table::Table;
 
@@ -126,6 +128,7 @@ pub fn run(args: RunArgs) -> Result<ExitCode, Failure> {
         .run_dir
         .clone()
         .unwrap_or_else(|| RunDir::default_path(Path::new(DEFAULT_RUNS), &job.name));
+    let run_dir_path = safe_run_dir(&run_dir_path)?;
     let run_dir = RunDir::create(&run_dir_path).map_err(|error| match error {
         RunDirError::InUse { .. } => Failure::bad_input(error),
         RunDirError::Unwritable { .. } => Failure::unavailable(error),
@@ -165,6 +168,23 @@ pub fn run(args: RunArgs) -> Result<ExitCode, Failure> {
     Ok(ExitCode::from(outcome.status))
 }
 
+/// The run directory, made owner-only and checked from `/` down, by its canonical path: the
+/// supervisor (often root) writes its record and control socket there, and another user who
+/// could change a directory on the way could redirect or replace them.
+pub(crate) fn safe_run_dir(path: &Path) -> Result<PathBuf, Failure> {
+    safe_path::create_private_dir(path).map_err(|error| match error {
+        UnsafePath::Unsafe { component, why } => Failure::bad_input(format!(
+            "refusing the run directory {}: {} {why}\n  hint: give --run-dir a place only you and root can change",
+            path.display(),
+            component.display()
+        )),
+        UnsafePath::Io { error, .. } => Failure::unavailable(format!(
+            "cannot create the run directory {}: {error}\n  hint: choose a writable place with --run-dir DIR",
+            path.display()
+        )),
+    })
+}
+
 /// The GPUs the job is planned on: simulated, or NVML's; a job of CPU-only processes needs
 /// no GPU, nor a driver to list them.
 fn job_inventory(job: &JobSpec, simulate: Option<&str>) -> Result<Inventory, Failure> {
@@ -200,14 +220,10 @@ fn make_hooks(
             }
         })
         .collect();
-    let shm = Path::new("/dev/shm");
-    let dir = if shm.is_dir() {
-        shm.to_path_buf()
-    } else {
-        std::env::temp_dir()
-    };
+    let dir = runtime::dir()?;
     remove_stale_ledgers(&dir);
-    let pid = std::process::id();
+    // The pid last: remove_stale_ledgers finds dead runs' files by it.
+    let pid = format!("-{}", std::process::id());
     let mut extra_env = Vec::new();
     let mut files = Vec::new();
     let mut sim_state = None;
@@ -219,8 +235,15 @@ fn make_hooks(
         {
             path = format!("{path}:{existing}");
         }
-        // The simulated GPUs' shared physical accounting, for every process of the job.
-        let state = dir.join(format!("gpuvisor-sim-{safe_name}-{pid}"));
+        // The simulated GPUs' shared physical accounting, for every process of the job; made
+        // here because the simulator opens it by name and would create it.
+        let state = runtime::unguessable(&dir, &format!("gpuvisor-sim-{safe_name}."), &pid);
+        runtime::create_private_file(&state).map_err(|error| {
+            Failure::unavailable(format!(
+                "cannot create the simulator's state file {}: {error}",
+                state.display()
+            ))
+        })?;
         extra_env.push(("LD_LIBRARY_PATH".to_string(), Some(path)));
         extra_env.push((SIM_GPUS_ENV.to_string(), Some(inventory.sim_env_value())));
         extra_env.push((SIM_STATE_ENV.to_string(), Some(state.display().to_string())));
@@ -230,7 +253,7 @@ fn make_hooks(
     let hooks = match plan.enforcement {
         Enforcement::Framework => ledger::LedgerHooks::env_only(extra_env, files),
         Enforcement::Shim => {
-            let path = dir.join(format!("gpuvisor-{safe_name}-{pid}"));
+            let path = runtime::unguessable(&dir, &format!("gpuvisor-{safe_name}."), &pid);
             let shim = libraries.map(|libraries| libraries.shim.clone());
             ledger::LedgerHooks::create(plan, inventory, &path, shim, extra_env, files)?
         }

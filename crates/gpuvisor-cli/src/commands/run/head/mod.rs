@@ -115,6 +115,7 @@ pub fn head(args: &RunArgs, job: JobSpec, allocation: Allocation) -> Result<Exit
             &job.name,
         )
     });
+    let run_path = super::safe_run_dir(&run_path)?;
     let run_dir = RunDir::create(&run_path).map_err(Failure::bad_input)?;
     let run_path = std::fs::canonicalize(run_dir.path())?;
     let events = EventLog::create(&run_dir.events_path())?;
