@@ -22,6 +22,7 @@ pub mod api_device;
 pub mod api_memory;
 pub mod config;
 pub mod driver;
+pub mod nvml;
 pub mod physical;
 pub mod process;
 pub mod symbols;
