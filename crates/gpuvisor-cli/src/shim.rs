@@ -21,7 +21,8 @@ const SIM_SHA256: &str = env!("GPUVISOR_EMBEDDED_SIM_SHA256");
 
 /// File name of the shim in the cache directory.
 pub const SHIM_FILE: &str = "libgpuvisor_shim.so";
-/// Directory (inside the cache directory) holding the simulator as `libcuda.so.1`.
+/// Directory (inside the cache directory) holding the simulator as `libcuda.so.1`, and as
+/// `libnvidia-ml.so.1` (a link: the simulator is also the NVML stand-in).
 pub const SIM_DIR: &str = "sim";
 
 /// Where the libraries were written.
@@ -57,6 +58,7 @@ fn install_in(dir: &Path, with_simulator: bool) -> std::io::Result<Libraries> {
     let sim_dir = if with_simulator {
         let sim_dir = dir.join(SIM_DIR);
         ensure_file(&sim_dir.join("libcuda.so.1"), SIM_BYTES, SIM_SHA256)?;
+        ensure_link(&sim_dir.join("libnvidia-ml.so.1"), "libcuda.so.1")?;
         Some(sim_dir)
     } else {
         None
@@ -121,6 +123,20 @@ fn ensure_file(path: &Path, bytes: &[u8], sha256: &str) -> std::io::Result<()> {
     result
 }
 
+/// Makes `path` a symbolic link to `target` (relative to its directory), replacing anything
+/// else there by a rename, so a concurrent reader never finds it missing.
+fn ensure_link(path: &Path, target: &str) -> std::io::Result<()> {
+    if fs::read_link(path).is_ok_and(|existing| existing == Path::new(target)) {
+        return Ok(());
+    }
+    let temporary = path.with_extension(format!("{}.tmp", std::process::id()));
+    let _ = fs::remove_file(&temporary);
+    std::os::unix::fs::symlink(target, &temporary)?;
+    fs::rename(&temporary, path).inspect_err(|_| {
+        let _ = fs::remove_file(&temporary);
+    })
+}
+
 /// Refuses a directory another user could write to: whoever can replace the shim runs code in
 /// every process gpuvisor starts.
 fn check_private(dir: &Path) -> std::io::Result<()> {
@@ -163,6 +179,22 @@ mod tests {
             .map(|entry| entry.unwrap().file_name())
             .collect();
         assert_eq!(leftovers, ["lib.so"]);
+    }
+
+    #[test]
+    fn the_nvml_name_links_to_the_simulator_and_replaces_anything_else() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("libnvidia-ml.so.1");
+        fs::write(&path, b"a stale copy").unwrap();
+        for _ in 0..2 {
+            ensure_link(&path, "libcuda.so.1").unwrap();
+            assert_eq!(fs::read_link(&path).unwrap(), Path::new("libcuda.so.1"));
+        }
+        let entries: Vec<_> = fs::read_dir(dir.path())
+            .unwrap()
+            .map(|entry| entry.unwrap().file_name())
+            .collect();
+        assert_eq!(entries, ["libnvidia-ml.so.1"]);
     }
 
     #[test]

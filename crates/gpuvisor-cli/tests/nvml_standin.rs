@@ -155,3 +155,30 @@ fn nvml_wrapper_sees_a_process_holding_simulated_memory() {
     assert!(device.running_compute_processes().unwrap().is_empty());
     assert_eq!(device.memory_info().unwrap().used, 0);
 }
+
+/// Under `exec --simulate`, NVML clients started by the job see the simulated machine: the
+/// simulator directory gpuvisor puts on LD_LIBRARY_PATH also holds `libnvidia-ml.so.1`.
+#[test]
+fn exec_simulate_serves_nvml_to_the_job() {
+    let output = gpuvisor()
+        .args(["exec", "--simulate", "2x16GiB", "--"])
+        .arg(env!("CARGO_BIN_EXE_gpuvisor"))
+        .args(["gpus", "--json"])
+        .output()
+        .expect("run gpuvisor exec");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let inventory: serde_json::Value = serde_json::from_str(&stdout).expect("valid JSON");
+    assert_eq!(inventory["source"], "nvml", "{stdout}");
+    let totals: Vec<_> = inventory["gpus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|gpu| gpu["total_bytes"].clone())
+        .collect();
+    assert_eq!(totals, [16 * GIB, 16 * GIB], "{stdout}");
+}
