@@ -140,6 +140,29 @@ pub unsafe extern "C" fn nvmlSystemGetConfComputeSettings(
     })
 }
 
+/// `nvmlConfComputeSystemState_t`.
+#[repr(C)]
+pub struct ConfComputeSystemState {
+    pub(crate) environment: u32,
+    pub(crate) cc_feature: u32,
+    pub(crate) dev_tools_mode: u32,
+}
+
+/// nvmlSystemGetConfComputeState (the pre-12.4 form NCCL falls back to): off.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlSystemGetConfComputeState(state: *mut ConfComputeSystemState) -> u32 {
+    guarded(|| {
+        machine()?;
+        let off = ConfComputeSystemState {
+            environment: 0,
+            cc_feature: 0,
+            dev_tools_mode: 0,
+        };
+        // SAFETY: `state` is NULL or writable.
+        unsafe { out(state, off) }.map(|()| ret::SUCCESS)
+    })
+}
+
 /// nvmlDeviceGetCount_v2: every physical device (`CUDA_VISIBLE_DEVICES` does not apply).
 #[no_mangle]
 pub unsafe extern "C" fn nvmlDeviceGetCount_v2(count: *mut u32) -> u32 {

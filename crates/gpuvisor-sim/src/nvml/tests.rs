@@ -27,6 +27,7 @@ fn structs_have_the_sizes_and_version_words_of_nvml_h() {
     assert_eq!(struct_version::<TemperatureV1>(1), 0x0100_000C);
     assert_eq!(struct_version::<ConfComputeSettingsV1>(1), 0x0100_0014);
     assert_eq!(size_of::<FieldValue>(), 40);
+    assert_eq!(size_of::<ConfComputeSystemState>(), 12);
 }
 
 fn text(buffer: &[u8]) -> &str {
