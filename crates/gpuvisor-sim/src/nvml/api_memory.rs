@@ -210,11 +210,8 @@ unsafe fn running_processes<T: From<(u32, u64)>>(
             return Err(ret::INVALID_ARGUMENT);
         }
         // SAFETY: non-NULL and readable by this function's contract.
-        let room = if infos.is_null() {
-            0
-        } else {
-            (unsafe { *count }) as usize
-        };
+        let offered = unsafe { *count } as usize;
+        let room = if infos.is_null() { 0 } else { offered };
         let total = match kind {
             Kind::Compute => {
                 for_each_process(device, physical(machine), |position, pid, bytes| {
