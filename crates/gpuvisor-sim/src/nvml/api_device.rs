@@ -94,7 +94,7 @@ device_values! {
     /// nvmlDeviceGetArchitecture: NVML_DEVICE_ARCH_HOPPER (9).
     nvmlDeviceGetArchitecture(_) -> u32 = 9;
 
-    /// nvmlDeviceGetMinorNumber: /dev/nvidia<minor>, the physical index.
+    /// nvmlDeviceGetMinorNumber: the N of `/dev/nvidiaN`, the physical index.
     nvmlDeviceGetMinorNumber(d) -> u32 = d.index;
 
     /// nvmlDeviceGetBoardId: derived from the bus, as the real driver's ids are.
