@@ -40,6 +40,7 @@ pub mod forklock;
 pub mod generated;
 pub mod hostfn;
 pub mod md2;
+pub mod nvml;
 pub mod objects;
 pub mod physical;
 pub mod process;

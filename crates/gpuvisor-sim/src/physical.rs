@@ -227,6 +227,24 @@ fn map_private() -> &'static [AtomicU64] {
     unsafe { std::slice::from_raw_parts(address as *const AtomicU64, STATE_BYTES / 8) }
 }
 
+/// Read-only views for the NVML stand-in (kept apart from the accounting above).
+impl Physical {
+    /// Calls `each(pid, bytes)` for every live process holding memory on `device`, in slot
+    /// order (this process counts as live, as in [`Physical::used`]).
+    pub fn for_each_holder(&self, device: usize, mut each: impl FnMut(u32, u64)) {
+        let own = crate::process::pid() as u64;
+        let high_water = (self.words[HIGH_WATER].load(Ordering::Acquire) as usize).min(SLOTS);
+        for slot in 0..high_water {
+            let words = self.slot(slot);
+            let owner = words[0].load(Ordering::Acquire);
+            let bytes = words[1 + device].load(Ordering::Acquire);
+            if owner != 0 && bytes != 0 && (owner == own || alive(owner)) {
+                each(owner as u32, bytes);
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
