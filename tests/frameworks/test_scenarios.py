@@ -91,6 +91,36 @@ class S2CpuOnlyCollectors(FrameworkTest):
         self.assertEqual(listed, {c["pid"] for c in r["collectors"]},
                          "processes other than the collectors were listed")
 
+    def test_job_file_children_cpu_only(self):
+        """The same trainer as a job-file process with `children_cpu_only = true` and
+        `on_gpu_use = "warn"` under `gpuvisor run`: a `violation` event per collector."""
+        workdir = self.tmp / "s2"
+        workdir.mkdir()
+        job = f"""
+[job]
+name = "frameworks-s2"
+
+[process.trainer]
+command = [{json.dumps(self.python)}, {json.dumps(str(REPO / "tests" / "frameworks" / "s2_trainer.py"))}, {json.dumps(str(workdir))}]
+framework = "torch"
+memory = "8GiB"
+children_cpu_only = true
+on_gpu_use = "warn"
+"""
+        run = self.run_job(job, ["--simulate", "h100"])
+        self.assert_status(run)
+        plan = json.loads((run.run_dir / "plan.json").read_text())
+        budget = plan["replicas"][0]["budget_bytes"]
+        r = run.result(text=run.log("trainer"), who="the trainer")
+        self.assertEqual(r["trainer_mem_total"], budget)
+        self.assertEqual(r["trainer_steps"], 10)
+        violations = {e["pid"] for e in events(run.run_dir) if e["kind"] == "violation"}
+        for collector in r["collectors"]:
+            self.assertEqual(collector["outcome"], "refused", f"collector {collector}")
+            self.assertIn(collector["pid"], violations,
+                          f"collector {collector['index']} has no `violation` event")
+        self.assertNotIn(r["trainer_pid"], violations, "the trainer was counted as a violation")
+
 
 class S3LearnerActorsSimulator(FrameworkTest):
     """S3: a JAX learner (30%), three torch actors (10% each) and a plain CUDA simulator process
