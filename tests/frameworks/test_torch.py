@@ -64,24 +64,31 @@ class TorchTest(FrameworkTest):
 
     def test_mlp_training_and_peak(self):
         """An MLP trains 20 steps (cuBLAS matmuls, backward, Adam); the ledger's peak is torch's
-        max_memory_reserved() plus what cuBLAS allocated outside torch's pool."""
+        max_memory_reserved() plus what was allocated outside torch's pool (cuBLAS workspaces)."""
         run = self.exec_worker("torch_worker.py", ["mlp", "--steps", "20"], SIMULATE,
                                env={"PYTORCH_CUDA_ALLOC_CONF": None, "PYTORCH_ALLOC_CONF": None})
         r = run.result()
         self.assertEqual(r["steps"], 20)
+        self.assertFalse(run.denials_of(r["pid"]), "the training loop was refused memory")
         reserved = r["max_memory_reserved"]
+        outside = r["outside_pool"]
         peak = run.peak(r["pid"])
-        outside = peak - reserved
-        sys.stderr.write(f"\n  ledger peak {peak} B ({gib(peak)}), max_memory_reserved {reserved} B "
-                         f"({gib(reserved)}), outside torch's pool {outside / MIB:.1f} MiB ")
+        sys.stderr.write(f"\n  ledger peak {peak} B ({gib(peak)}) = max_memory_reserved {reserved} B "
+                         f"({gib(reserved)}) + {peak - reserved} B outside torch's pool; the "
+                         f"worker holds {outside} B ({outside / MIB:.1f} MiB) outside it at the end ")
         self.assertGreaterEqual(peak, reserved,
                                 "the ledger's peak is below torch's own max_memory_reserved()")
-        # gpuvisor does not (yet) list the allocations it saw outside torch's pool, so the
-        # difference is bounded, not matched allocation by allocation: docs/frameworks-tests.md.
+        # The pool only grows here (no empty_cache), and cuBLAS keeps its workspaces for the
+        # life of its handles, so the peak is the final pool plus what the worker holds outside
+        # it, as the shim's cuMemGetInfo shows it. gpuvisor does not itemise those allocations
+        # (docs/frameworks-tests.md, known gaps): the worker's account is the explanation.
+        self.assertEqual(r["memory_reserved"], reserved, "torch's pool shrank during training")
+        self.assertEqual(peak, reserved + outside,
+                         "the ledger's peak is not torch's max_memory_reserved() plus what the "
+                         "worker holds outside torch's pool")
         self.assertLessEqual(outside, WORKSPACE_ALLOWANCE,
                              f"{outside / MIB:.1f} MiB outside torch's pool: more than cuBLAS's "
                              f"workspaces ({WORKSPACE_ALLOWANCE // MIB} MiB allowed)")
-        self.assertFalse(run.denials_of(r["pid"]), "the training loop was refused memory")
 
     def test_cuda_graph(self):
         """torch.cuda.graph captures forward + backward + optimizer step and replays it."""

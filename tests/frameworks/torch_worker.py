@@ -83,10 +83,16 @@ def mlp(args, torch):
         optimizer.step()
         steps += 1
     torch.cuda.synchronize()
+    # What this process holds now, as the driver (under gpuvisor: the shim's ledger) reports it:
+    # cuMemGetInfo's free is the budget less what is in use. Less torch's pool, that is what was
+    # allocated outside torch's allocator and is still held (cuBLAS/cuBLASLt workspaces).
+    free, total = torch.cuda.mem_get_info()
+    reserved = torch.cuda.memory_reserved()
     result(pid=os.getpid(), steps=steps, last_loss=float(loss.item()),
            max_memory_reserved=torch.cuda.max_memory_reserved(),
            max_memory_allocated=torch.cuda.max_memory_allocated(),
-           memory_reserved=torch.cuda.memory_reserved())
+           memory_reserved=reserved, used_by_process=total - free,
+           outside_pool=total - free - reserved)
 
 
 def graph(args, torch):
