@@ -74,7 +74,8 @@ log "building $dir from $(basename "$requirements") (a few GB; pip's cache: $("$
 "$tmp/bin/python" -m pip check >&2
 # The venv is built under its temporary name: console scripts' shebangs and the activate scripts
 # name that path. Point them at the final one (the tests run bin/python, which needs nothing).
-grep -rlF --null "$tmp" "$tmp/bin" 2>/dev/null | xargs -0 -r sed -i "s|$tmp|$dir|g"
+# (grep -r skips symlinks, so bin/python itself is left alone.)
+{ grep -rlF --null "$tmp" "$tmp/bin" 2>/dev/null || true; } | xargs -0 -r sed -i "s|$tmp|$dir|g"
 date -u +%Y-%m-%dT%H:%M:%SZ >"$tmp/$marker"
 mv -T "$tmp" "$dir"
 trap - EXIT
