@@ -7,7 +7,7 @@
 #
 # The venv lives in ${GPUVISOR_FRAMEWORKS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpuvisor-ci}/
 # venv-NAME-<the first 16 hex digits of the requirements file's SHA-256>: a changed pin makes a
-# new venv, and the old ones of NAME are removed once the new one is complete (each is ~5 GB).
+# new venv, and the other venvs of NAME are removed before it is built (each is ~5 GB).
 # It is built beside its final place and renamed into it, with a marker file written last, so a
 # half-built venv is never used; builds of one NAME are serialised with a lock. pip's own cache is
 # used as usual. PYTHON picks the interpreter (default python3; checked with Python 3.11).
