@@ -621,3 +621,82 @@ pub unsafe extern "C" fn cuMemGetAccess(
         _ => code::INVALID_VALUE,
     }
 }
+
+// ---- shareable handles (POSIX file descriptors) ----
+
+extern "C" {
+    fn memfd_create(name: *const std::ffi::c_char, flags: u32) -> i32;
+}
+const MFD_CLOEXEC: u32 = 1;
+/// CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR.
+const HANDLE_TYPE_FD: i32 = 1;
+
+/// Exported handles by the inode of the descriptor that stands for them.
+static EXPORTED: ForkLock<HashMap<u64, u64>> = ForkLock::new();
+
+/// The inode of descriptor `fd`, without taking ownership of it.
+fn inode(fd: i32) -> Option<u64> {
+    use std::os::unix::fs::MetadataExt;
+    use std::os::unix::io::FromRawFd;
+    // SAFETY: borrowed for one fstat; ManuallyDrop keeps the caller's descriptor open.
+    let file = std::mem::ManuallyDrop::new(unsafe { std::fs::File::from_raw_fd(fd) });
+    file.metadata().ok().map(|metadata| metadata.ino())
+}
+
+/// cuMemExportToShareableHandle: a new descriptor (a memfd) standing for the handle. Imports in
+/// the same process find the handle again; another process's import is not simulated.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemExportToShareableHandle(
+    shareable: *mut c_void,
+    handle: u64,
+    kind: i32,
+    _flags: u64,
+) -> i32 {
+    if shareable.is_null() {
+        return code::INVALID_VALUE;
+    }
+    if kind != HANDLE_TYPE_FD {
+        return code::NOT_SUPPORTED;
+    }
+    let known = with_driver(|driver| {
+        if driver.physical_known(handle) {
+            code::SUCCESS
+        } else {
+            code::INVALID_HANDLE
+        }
+    });
+    if known != code::SUCCESS {
+        return known;
+    }
+    // SAFETY: a NUL-terminated name; the new descriptor is handed to the caller.
+    let fd = unsafe { memfd_create(c"gpuvisor-sim-handle".as_ptr(), MFD_CLOEXEC) };
+    let Some(node) = (fd >= 0).then(|| inode(fd)).flatten() else {
+        return code::OPERATING_SYSTEM;
+    };
+    EXPORTED.with(|exported| exported.insert(node, handle));
+    put(shareable.cast::<i32>(), fd);
+    code::SUCCESS
+}
+
+/// cuMemImportFromShareableHandle: the handle a descriptor of this process stands for, one
+/// reference more (as a new handle to the same memory would hold).
+#[no_mangle]
+pub unsafe extern "C" fn cuMemImportFromShareableHandle(
+    handle: *mut u64,
+    shareable: *mut c_void,
+    kind: i32,
+) -> i32 {
+    if kind != HANDLE_TYPE_FD {
+        return code::NOT_SUPPORTED;
+    }
+    let Some(found) = inode(shareable as usize as i32)
+        .and_then(|node| EXPORTED.with(|exported| exported.get(&node).copied()))
+    else {
+        return code::INVALID_VALUE;
+    };
+    with_driver(|driver| match driver.vmm.retain_handle(found) {
+        Ok(()) if put(handle, found) => code::SUCCESS,
+        Ok(()) => code::INVALID_VALUE,
+        Err(error) => error,
+    })
+}

@@ -36,6 +36,8 @@ pub mod code {
     pub const INVALID_DEVICE: i32 = 101;
     /// No current context, or an unknown one.
     pub const INVALID_CONTEXT: i32 = 201;
+    /// A system call failed.
+    pub const OPERATING_SYSTEM: i32 = 304;
     /// A file that does not exist (cuModuleLoad, cuLinkAddFile).
     pub const FILE_NOT_FOUND: i32 = 301;
     /// An unknown handle (stream, pool, allocation).

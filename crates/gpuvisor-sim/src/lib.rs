@@ -30,6 +30,7 @@ pub mod api_device;
 pub mod api_memory;
 pub mod api_module;
 pub mod api_pool;
+pub mod api_refused;
 pub mod api_stream;
 pub mod attributes;
 pub mod config;

@@ -119,6 +119,17 @@ impl Vmm {
         Ok(mapping.handle)
     }
 
+    /// One reference more on a live handle (an import of it).
+    pub fn retain_handle(&mut self, handle: u64) -> Result<(), i32> {
+        match self.handles.get_mut(&handle) {
+            Some(known) if known.references > 0 => {
+                known.references += 1;
+                Ok(())
+            }
+            _ => Err(code::INVALID_HANDLE),
+        }
+    }
+
     /// cuMemMap: maps `bytes` at `address` onto a live handle.
     pub fn map(&mut self, address: u64, bytes: u64, handle: u64) -> i32 {
         if bytes == 0 || self.overlaps(address, bytes) {

@@ -372,7 +372,10 @@ fn apply_env(
     }
     command.env(
         "LD_PRELOAD",
-        prepend_path(&libraries.shim, std::env::var_os("LD_PRELOAD")),
+        prepend_path(
+            Path::new(&libraries.preload()),
+            std::env::var_os("LD_PRELOAD"),
+        ),
     );
     command.env(ENV_LEDGER, ledger_path);
     command.env(ENV_GROUP, "0");

@@ -251,10 +251,23 @@ fn make_hooks(
         sim_state = Some(state);
     }
     let hooks = match plan.enforcement {
-        Enforcement::Framework => ledger::LedgerHooks::env_only(extra_env, files),
+        Enforcement::Framework => {
+            // No shim, but the simulated machine's device nodes must still be visible.
+            if let Some(sim_dir) = libraries.and_then(|libraries| libraries.sim_dir.as_ref()) {
+                let mut preload = sim_dir.join("libcuda.so.1").display().to_string();
+                if let Some(existing) = std::env::var("LD_PRELOAD")
+                    .ok()
+                    .filter(|value| !value.is_empty())
+                {
+                    preload = format!("{preload}:{existing}");
+                }
+                extra_env.push(("LD_PRELOAD".to_string(), Some(preload)));
+            }
+            ledger::LedgerHooks::env_only(extra_env, files)
+        }
         Enforcement::Shim => {
             let path = runtime::unguessable(&dir, &format!("gpuvisor-{safe_name}."), &pid);
-            let shim = libraries.map(|libraries| libraries.shim.clone());
+            let shim = libraries.map(|libraries| PathBuf::from(libraries.preload()));
             ledger::LedgerHooks::create(plan, inventory, &path, shim, extra_env, files)?
         }
     };

@@ -41,6 +41,21 @@ pub struct Libraries {
     _private: Option<Arc<tempfile::TempDir>>,
 }
 
+impl Libraries {
+    /// What goes first in a process's `LD_PRELOAD`: the shim, then the simulator when there is
+    /// one. Preloading the simulator (after the shim, whose hooks must come first) makes the
+    /// simulated machine's `/dev/nvidia*` nodes visible to the frameworks' probes before they
+    /// load a driver (JAX checks for them); `dlopen("libcuda.so.1")` then finds it loaded.
+    pub fn preload(&self) -> std::ffi::OsString {
+        let mut preload = std::ffi::OsString::from(self.shim.as_os_str());
+        if let Some(sim_dir) = &self.sim_dir {
+            preload.push(":");
+            preload.push(sim_dir.join("libcuda.so.1").as_os_str());
+        }
+        preload
+    }
+}
+
 /// Writes (or checks) the shim, and the simulator when `with_simulator`, and returns their
 /// paths.
 pub fn install(with_simulator: bool) -> Result<Libraries, Failure> {
