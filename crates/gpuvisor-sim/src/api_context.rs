@@ -405,20 +405,6 @@ pub extern "C" fn cuProfilerStop() -> i32 {
     code::SUCCESS
 }
 
-#[cfg(test)]
-mod tests {
-    use super::bus_of;
-
-    #[test]
-    fn bus_ids_name_physical_indexes() {
-        assert_eq!(bus_of("0000:01:00.0"), Some(0));
-        assert_eq!(bus_of("00000000:0A:00.0"), Some(9));
-        assert_eq!(bus_of("0a:00.0"), Some(9));
-        assert_eq!(bus_of("00:00.0"), None);
-        assert_eq!(bus_of("nonsense"), None);
-    }
-}
-
 /// cuLogsRegisterCallback: accepted; the simulator never logs through it (its one line on a
 /// real problem goes to stderr), so the callback is never called.
 #[no_mangle]
@@ -441,5 +427,19 @@ pub extern "C" fn cuLogsUnregisterCallback(handle: *mut c_void) -> i32 {
         code::INVALID_VALUE
     } else {
         code::SUCCESS
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::bus_of;
+
+    #[test]
+    fn bus_ids_name_physical_indexes() {
+        assert_eq!(bus_of("0000:01:00.0"), Some(0));
+        assert_eq!(bus_of("00000000:0A:00.0"), Some(9));
+        assert_eq!(bus_of("0a:00.0"), Some(9));
+        assert_eq!(bus_of("00:00.0"), None);
+        assert_eq!(bus_of("nonsense"), None);
     }
 }

@@ -46,7 +46,7 @@ fn place(address: u64) -> Place {
     if let Some((start, bytes)) = pinned_range(address as usize) {
         return Place::PinnedHost(start, bytes);
     }
-    if address >= crate::objects::GLOBALS_BASE && address < crate::objects::GLOBALS_END {
+    if (crate::objects::GLOBALS_BASE..crate::objects::GLOBALS_END).contains(&address) {
         return Place::Device(address, crate::objects::GLOBAL_BYTES as u64, 0);
     }
     Place::Host

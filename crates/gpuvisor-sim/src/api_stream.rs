@@ -839,4 +839,46 @@ add_node_entry_points! {
     cuGraphAddEventRecordNode(event: *mut c_void);
     cuGraphAddEventWaitNode(event: *mut c_void);
     cuGraphAddHostNode(parameters: *const c_void);
+    cuGraphAddNode(parameters: *mut c_void);
+    cuGraphAddNode_v2(count: usize, parameters: *mut c_void);
+}
+
+/// Node and executable-graph updates (XLA's command buffers): accepted, nothing runs.
+macro_rules! accepted_graph_updates {
+    ($($name:ident($first:ident: $first_ty:ty $(, $arg:ident: $ty:ty)*);)*) => {$(
+        #[doc = concat!(stringify!($name), ": accepted (nothing runs).")]
+        #[no_mangle]
+        pub extern "C" fn $name($first: $first_ty, $($arg: $ty),*) -> i32 {
+            $(let _ = $arg;)*
+            if $first.is_null() {
+                code::INVALID_VALUE
+            } else {
+                code::SUCCESS
+            }
+        }
+    )*};
+}
+
+accepted_graph_updates! {
+    cuGraphNodeSetParams(node: *mut c_void, parameters: *mut c_void);
+    cuGraphExecNodeSetParams(executable: *mut c_void, node: *mut c_void, parameters: *mut c_void);
+    cuGraphKernelNodeSetParams_v2(node: *mut c_void, parameters: *const c_void);
+    cuGraphExecKernelNodeSetParams_v2(executable: *mut c_void, node: *mut c_void, parameters: *const c_void);
+    cuGraphExecMemcpyNodeSetParams(executable: *mut c_void, node: *mut c_void, parameters: *const c_void, context: *mut c_void);
+    cuGraphExecMemsetNodeSetParams(executable: *mut c_void, node: *mut c_void, parameters: *const c_void, context: *mut c_void);
+    cuGraphExecChildGraphNodeSetParams(executable: *mut c_void, node: *mut c_void, child: *mut c_void);
+    cuGraphAddDependencies(graph: *mut c_void, from: *const c_void, to: *const c_void, count: usize);
+    cuGraphAddDependencies_v2(graph: *mut c_void, from: *const c_void, to: *const c_void, edges: *const c_void, count: usize);
+    cuGraphNodeSetEnabled(executable: *mut c_void, node: *mut c_void, enabled: u32);
+    cuGraphDestroyNode(node: *mut c_void);
+}
+
+/// cuGraphExecGetFlags: the flags are not kept; 0.
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphExecGetFlags(executable: *mut c_void, flags: *mut u64) -> i32 {
+    if !objects::executable_known(executable as u64) {
+        return code::INVALID_HANDLE;
+    }
+    put(flags, 0);
+    code::SUCCESS
 }

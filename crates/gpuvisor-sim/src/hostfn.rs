@@ -151,8 +151,8 @@ mod tests {
 
     #[test]
     fn host_functions_run_in_order_and_can_be_waited_for() {
-        let first = enqueue(count, 1 as *mut c_void);
-        let second = enqueue(count, 10 as *mut c_void);
+        let first = enqueue(count, std::ptr::without_provenance_mut(1));
+        let second = enqueue(count, std::ptr::without_provenance_mut(10));
         assert!(second > first);
         wait(second);
         assert!(done(first) && done(second));

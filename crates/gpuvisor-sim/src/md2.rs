@@ -42,9 +42,9 @@ impl Md2 {
     }
 
     fn compress(&mut self, block: &[u8; BLOCK]) {
-        for index in 0..BLOCK {
-            self.state[BLOCK + index] = block[index];
-            self.state[2 * BLOCK + index] = self.state[BLOCK + index] ^ self.state[index];
+        for (index, &byte) in block.iter().enumerate() {
+            self.state[BLOCK + index] = byte;
+            self.state[2 * BLOCK + index] = byte ^ self.state[index];
         }
         let mut carry = 0u8;
         for round in 0..18u8 {
@@ -55,9 +55,9 @@ impl Md2 {
             carry = carry.wrapping_add(round);
         }
         let mut last = self.checksum[BLOCK - 1];
-        for index in 0..BLOCK {
-            self.checksum[index] ^= PI_SUBST[(block[index] ^ last) as usize];
-            last = self.checksum[index];
+        for (sum, &byte) in self.checksum.iter_mut().zip(block) {
+            *sum ^= PI_SUBST[(byte ^ last) as usize];
+            last = *sum;
         }
     }
 
