@@ -3,7 +3,8 @@ written as users write it: joblib.Parallel(n_jobs=3) over a training function.
 
     python s1_parallel.py WORKDIR
 
-Two things are added for a deterministic test, neither touching memory: the three tasks first
+Each training keeps 2 GiB of data on the device. Two things are added for a deterministic test,
+neither touching memory: the three tasks first
 wait until all three run (so they are three processes), then start JAX one after the other (so
 "the second process" is well defined), and each writes its outcome to WORKDIR/outcome-I.json
 before returning (so a worker that dies still leaves a record). JAX_PLATFORMS=cuda makes a failed
@@ -20,6 +21,7 @@ import fwversions
 
 TASKS = 3
 WAIT_S = 240
+WORKING_SET_BYTES = 2 << 30
 
 
 def wait_for(predicate, what):
@@ -53,9 +55,12 @@ def train(index, workdir):
             loss, grad = jax.value_and_grad(lambda w: jnp.mean((x @ w) ** 2))(w)
             return loss, w - 0.01 * grad
 
+        # The training's data lives on the device (a 2 GiB buffer, as a replay buffer or a
+        # dataset would): a training needs memory beyond what the pool holds at start.
+        data = jnp.zeros((WORKING_SET_BYTES // 4,), jnp.float32)
         w = jnp.ones((256, 256))
-        x = jnp.ones((64, 256))
-        for _ in range(2):
+        for i in range(2):
+            x = jax.lax.dynamic_slice(data, (i * 64 * 256,), (64 * 256,)).reshape(64, 256)
             loss, w = step(w, x)
         loss.block_until_ready()
         outcome["ok"] = True
@@ -63,6 +68,13 @@ def train(index, workdir):
         outcome["ok"] = False
         outcome["error"] = f"{type(error).__name__}: {error}"[:2000]
         print(f"task {index}: {outcome['error']}", file=sys.stderr, flush=True)
+    try:  # the pool XLA got (pool_bytes) against the one it wanted (bytes_limit)
+        stats = jax.devices()[0].memory_stats() or {}
+        outcome["memory_stats"] = {k: stats[k] for k in ("bytes_limit", "pool_bytes",
+                                                         "peak_pool_bytes", "bytes_reserved",
+                                                         "peak_bytes_in_use") if k in stats}
+    except Exception:
+        pass
     (workdir / f"outcome-{index}.json").write_text(json.dumps(outcome))
     return outcome
 
