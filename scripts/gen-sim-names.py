@@ -121,7 +121,11 @@ def write_stubs():
     out += ["        _ => return None,", "    })", "}", "",
             "/// The CUDA versions at which each base name's entry point changed (cudaTypedefs.h).",
             "pub const VERSIONS: &[(&str, &[i32])] = &["]
+    versions_end = len(out)
     out += [f'    ("{base}", &{sorted(v)}),' for base, v in sorted(versions.items())]
+    out += ["];", "", "/// The names exported as stubs and as jumps (for the consistency test).",
+            "pub const STUBBED: &[&str] = &["]
+    out += [f'    "{name}",' for name in stubs + [name for name, _ in jumps]]
     out += ["];", ""]
     STUBS.write_text("\n".join(out))
     print(f"{len(done)} implemented, {len(jumps)} stream forms, {len(stubs)} stubs -> {STUBS}")

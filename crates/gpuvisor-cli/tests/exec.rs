@@ -106,7 +106,7 @@ fn exit_status_is_the_commands() {
 
 #[test]
 fn the_command_gets_the_shim_ledger_and_framework_env_and_the_ledger_is_removed() {
-    let script = r#"printf '%s\n' "$LD_PRELOAD" "$GPUVISOR_LEDGER" "$GPUVISOR_GROUP" "$CUDA_VISIBLE_DEVICES" "$XLA_PYTHON_CLIENT_MEM_FRACTION" "$GPUVISOR_BUDGET_BYTES" "$GPUVISOR_SIM_GPUS" "$GPUVISOR_SIM_STATE" "${XLA_CLIENT_MEM_FRACTION-unset}"; test -f "$GPUVISOR_LEDGER""#;
+    let script = r#"printf '%s\n' "${LD_PRELOAD%%:*}" "$GPUVISOR_LEDGER" "$GPUVISOR_GROUP" "$CUDA_VISIBLE_DEVICES" "$XLA_PYTHON_CLIENT_MEM_FRACTION" "$GPUVISOR_BUDGET_BYTES" "$GPUVISOR_SIM_GPUS" "$GPUVISOR_SIM_STATE" "${XLA_CLIENT_MEM_FRACTION-unset}"; test -f "$GPUVISOR_LEDGER""#;
     let output = gpuvisor()
         .env("XLA_CLIENT_MEM_FRACTION", "0.5")
         .args([
@@ -228,14 +228,14 @@ fn sigint_is_forwarded_when_not_on_a_terminal() {
 fn cached_libraries_are_checked_and_repaired() {
     let run = exec(
         &["--simulate", "1x16GiB"],
-        &["sh", "-c", "printf %s \"$LD_PRELOAD\""],
+        &["sh", "-c", "printf %s \"${LD_PRELOAD%%:*}\""],
     );
     let shim = PathBuf::from(run.stdout.trim());
     let good = std::fs::read(&shim).unwrap();
     std::fs::write(&shim, b"truncated").unwrap();
     let run = exec(
         &["--simulate", "1x16GiB"],
-        &["sh", "-c", "printf %s \"$LD_PRELOAD\""],
+        &["sh", "-c", "printf %s \"${LD_PRELOAD%%:*}\""],
     );
     assert_eq!(run.code, Some(0), "{}", run.context());
     assert_eq!(PathBuf::from(run.stdout.trim()), shim);

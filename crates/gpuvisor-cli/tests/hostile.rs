@@ -75,7 +75,7 @@ fn tmp_path(tag: &str) -> PathBuf {
 fn correct_libraries() -> PathBuf {
     let output = driver::gpuvisor()
         .args(["exec", "--simulate", "1x1GiB", "--"])
-        .args(["sh", "-c", "printf %s \"$LD_PRELOAD\""])
+        .args(["sh", "-c", "printf %s \"${LD_PRELOAD%%:*}\""])
         .output()
         .unwrap();
     let shim = PathBuf::from(String::from_utf8(output.stdout).unwrap());
@@ -97,7 +97,7 @@ fn exec(env: &[(&str, &Path)], script: &str) -> Command {
 }
 
 /// Prints the preloaded shim, the simulator's directory, and every gpuvisor library mapped.
-const SHOW_LOADED: &str = r#"printf '%s\n' "$LD_PRELOAD" "${LD_LIBRARY_PATH%%:*}"; grep -o '/.*\.so.*' /proc/self/maps | sort -u"#;
+const SHOW_LOADED: &str = r#"printf '%s\n' "${LD_PRELOAD%%:*}" "${LD_LIBRARY_PATH%%:*}"; grep -o '/.*\.so.*' /proc/self/maps | sort -u"#;
 
 /// What `SHOW_LOADED` printed: the shim, the simulator directory and the mapped libraries.
 fn loaded(output: &Output) -> (PathBuf, PathBuf, Vec<String>) {

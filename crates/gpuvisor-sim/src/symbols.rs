@@ -190,4 +190,50 @@ mod tests {
             Ok(exported("cuLaunchKernel").unwrap())
         );
     }
+
+    /// cuda-names.txt, the sources and generated.rs agree: every name of cuda.h is exported
+    /// exactly once (implemented, or a stub or jump), and every entry point in the sources is
+    /// in the lookup. Fails after adding an entry point without `scripts/gen-sim-names.py`.
+    #[test]
+    fn every_cuda_name_is_exported_once_and_the_lookup_is_current() {
+        let names = include_str!("../cuda-names.txt");
+        for name in names
+            .lines()
+            .filter_map(|line| line.strip_prefix("export "))
+        {
+            let implemented = exported(name).is_some();
+            let stubbed = generated::STUBBED.contains(&name);
+            assert!(
+                implemented != stubbed,
+                "{name}: implemented {implemented}, stubbed {stubbed} (run scripts/gen-sim-names.py)"
+            );
+        }
+        let sources = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let mut pending = vec![sources];
+        while let Some(dir) = pending.pop() {
+            for entry in std::fs::read_dir(dir).unwrap() {
+                let path = entry.unwrap().path();
+                if path.is_dir() {
+                    pending.push(path);
+                    continue;
+                }
+                let text = std::fs::read_to_string(&path).unwrap();
+                for piece in text.split("extern \"C\" fn ").skip(1) {
+                    let name: String = piece
+                        .chars()
+                        .take_while(|c| c.is_alphanumeric() || *c == '_')
+                        .collect();
+                    let is_entry = name.starts_with("cu")
+                        && name[2..].starts_with(|c: char| c.is_ascii_uppercase());
+                    if is_entry && !path.ends_with("generated.rs") {
+                        assert!(
+                            exported(&name).is_some(),
+                            "{name} in {} is not in generated.rs (run scripts/gen-sim-names.py)",
+                            path.display()
+                        );
+                    }
+                }
+            }
+        }
+    }
 }
