@@ -28,6 +28,8 @@ class TorchTest(FrameworkTest):
         self.assertTrue(r["is_available"], "torch.cuda.is_available() is False")
         self.assertEqual(r["mem_get_info_total"], BUDGET,
                          "torch.cuda.mem_get_info() total is not the budget")
+        self.assertEqual(r.get("small_tensors"), 28, "small and mid-sized tensors failed")
+        self.assertTrue(r.get("copies"), "copies to and from the device failed")
         self.assertEqual(r["too_big_error"], "torch.OutOfMemoryError",
                          "a tensor larger than the budget was not refused")
         self.assertEqual(r["fill_error"], "OutOfMemoryError",

@@ -29,6 +29,20 @@ def alloc(args, torch):
     free, total = torch.cuda.mem_get_info()
     result(mem_get_info_free=free, mem_get_info_total=total)
 
+    # Small tensors (torch's small pool, 2 MiB segments) and mid-sized ones (its large pool).
+    small = [torch.empty(size, dtype=torch.uint8, device="cuda")
+             for size in [512, 4096, 100_000, 1 << 20, 3 << 20, 17 << 20, 50 << 20] * 4]
+    torch.cuda.synchronize()
+    result(small_tensors=len(small), reserved_after_small=torch.cuda.memory_reserved())
+    # Copies in and out of the allocator's memory, 64 MiB: across several of the 20 MiB pages
+    # of an expandable segment (device memory reads back as zeros here).
+    on_device = torch.arange(16 << 20, dtype=torch.float32).to("cuda")
+    back = on_device.cpu()
+    result(copies=list(back.shape) == [16 << 20])
+    del on_device
+    del small
+    torch.cuda.empty_cache()
+
     # One tensor larger than the whole budget: refused (by the driver through the shim, or by
     # torch itself from cuMemGetInfo with expandable segments).
     too_big = total + (1 << 30)
