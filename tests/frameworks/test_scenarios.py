@@ -41,7 +41,7 @@ class S1JoblibJax(FrameworkTest):
         for task in tasks:
             sys.stderr.write(f"\n  task {task.get('task', '?')} (pid {task.get('pid')}): "
                              f"{'ok' if task.get('ok') else task.get('error', '')[:160]}; "
-                             f"{task.get('memory_stats')}")
+                             f"{task.get('memory_stats')} ")
         self.assertTrue(tasks[0].get("ok"), f"the first training failed: {tasks[0]}")
         self.assertEqual(tasks[0].get("bytes_limit"), int(0.75 * 40 * GIB))
         # The tasks start JAX one after the other: the second finds 30 of the 40 GiB taken.
@@ -70,7 +70,7 @@ class S1JoblibJax(FrameworkTest):
             self.assertTrue(task.get("device", "").startswith("CudaDevice"), f"{task}")
             self.assertEqual(task.get("bytes_limit"), int(0.75 * 12 * GIB))
             peak = run.peak(task["pid"])
-            sys.stderr.write(f"\n  task {task['task']}: pid {task['pid']}, ledger peak {gib(peak)}")
+            sys.stderr.write(f"\n  task {task['task']}: pid {task['pid']}, ledger peak {gib(peak)} ")
             self.assertLessEqual(peak, 12 * GIB)
         self.assertEqual(run.summary["denials_total"], 0)
 
@@ -97,7 +97,7 @@ class S2CpuOnlyCollectors(FrameworkTest):
         for collector in r["collectors"]:
             sys.stderr.write(f"\n  collector {collector['index']} ({collector.get('start_method')}, "
                              f"pid {collector.get('pid')}): {collector['outcome']} "
-                             f"{collector.get('error', '')[:100]}")
+                             f"{collector.get('error', '')[:100]} ")
             self.assertEqual(collector["outcome"], "refused", f"collector {collector}")
             self.assertIn(collector["pid"], listed,
                           f"collector {collector['index']} is not listed as a CPU-only violation")
@@ -181,7 +181,7 @@ after = ["learner"]
         budget = budgets[("learner", 0)]
         fraction = float(learner["mem_fraction"])
         sys.stderr.write(f"\n  learner: budget {gib(budget)}, XLA fraction {fraction}, "
-                         f"bytes_limit {gib(learner['bytes_limit'] or 0)}")
+                         f"bytes_limit {gib(learner['bytes_limit'] or 0)} ")
         self.assertTrue(on_cuda(learner), f"the learner's jax.devices() = {learner['devices']}")
         self.assertAlmostEqual(learner["bytes_limit"], int(fraction * budget), delta=2 << 20)
         self.assertEqual(learner.get("train_steps"), 3)
@@ -190,7 +190,7 @@ after = ["learner"]
             budget = budgets[("actor", replica)]
             sys.stderr.write(f"\n  actor {replica}: budget {gib(budget)}, sees "
                              f"{gib(actor['mem_get_info_total'])}, max_memory_reserved "
-                             f"{gib(actor['max_memory_reserved'])}")
+                             f"{gib(actor['max_memory_reserved'])} ")
             self.assertEqual(actor["mem_get_info_total"], budget)
             self.assertEqual(actor["steps"], 5)
         sim_log = run.log("sim")
