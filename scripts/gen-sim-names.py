@@ -112,7 +112,7 @@ def write_stubs():
         "",
         "unserved_stubs! {",
     ]
-    out += [f"    {index} {name}," for index, name in enumerate(stubs)]
+    out += [f"    {name}," for name in stubs]
     out += ["}", "", "stream_forms! {"]
     out += [f"    {name} => {done[base]}::{base}," for name, base in jumps]
     out += ["}", "", "/// Every implemented entry point, by exported name.",

@@ -43,6 +43,17 @@ pub fn create_private_file(path: &Path) -> io::Result<()> {
         .map(drop)
 }
 
+/// Creates the simulator's state file at `path` before anything starts: the simulator opens it
+/// by name (and would create it), so nobody else may have put a file or a symlink there.
+pub fn create_sim_state(path: &Path) -> Result<(), Failure> {
+    create_private_file(path).map_err(|error| {
+        Failure::unavailable(format!(
+            "cannot create the simulator's state file {}: {error}",
+            path.display()
+        ))
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -7,7 +7,7 @@ use std::ffi::{c_char, c_void, CStr};
 
 use crate::driver::{code, with_driver, Driver};
 use crate::forklock::ForkLock;
-use crate::{api_pool, hostfn, objects, put};
+use crate::{api_pool, config, hostfn, objects, put};
 
 /// The stream priorities a context offers: least 0, greatest -5 (an H100's range).
 const LEAST_PRIORITY: i32 = 0;
@@ -248,14 +248,14 @@ fn on_device(device: i32, body: impl FnOnce(&Driver, usize) -> i32) -> i32 {
     })
 }
 
-/// cuDeviceGetPCIBusId: `0000:BB:00.0`, BB = physical index + 1 (NVML's bus id agrees).
+/// cuDeviceGetPCIBusId: the legacy bus id form NVML also gives (`0000:BB:00.0`).
 #[no_mangle]
 pub unsafe extern "C" fn cuDeviceGetPCIBusId(bus_id: *mut c_char, length: i32, device: i32) -> i32 {
     on_device(device, |driver, ordinal| {
         if bus_id.is_null() || length <= 0 {
             return code::INVALID_VALUE;
         }
-        let text = format!("0000:{:02x}:00.0", driver.devices[ordinal].index + 1);
+        let text = config::legacy_bus_id(driver.devices[ordinal].index);
         let count = text.len().min(length as usize - 1);
         // SAFETY: the caller gave `length` writable bytes; count + 1 <= length.
         unsafe {
@@ -266,16 +266,6 @@ pub unsafe extern "C" fn cuDeviceGetPCIBusId(bus_id: *mut c_char, length: i32, d
     })
 }
 
-/// The physical index a PCI bus id names (`[domain:]bus:device.function`, hex).
-fn bus_of(bus_id: &str) -> Option<u32> {
-    let parts: Vec<&str> = bus_id.split(':').collect();
-    let bus = match parts.as_slice() {
-        [_, bus, _] | [bus, _] => u32::from_str_radix(bus, 16).ok()?,
-        _ => return None,
-    };
-    bus.checked_sub(1)
-}
-
 /// cuDeviceGetByPCIBusId.
 #[no_mangle]
 pub unsafe extern "C" fn cuDeviceGetByPCIBusId(device: *mut i32, bus_id: *const c_char) -> i32 {
@@ -284,7 +274,9 @@ pub unsafe extern "C" fn cuDeviceGetByPCIBusId(device: *mut i32, bus_id: *const 
     }
     // SAFETY: the caller passes a NUL-terminated string.
     let text = unsafe { CStr::from_ptr(bus_id) }.to_string_lossy();
-    let Some(index) = bus_of(text.trim()) else {
+    let Some(index) =
+        config::parse_bus_id(&text).and_then(|address| config::physical_index_at(&address))
+    else {
         return code::INVALID_VALUE;
     };
     with_driver(
@@ -427,19 +419,5 @@ pub extern "C" fn cuLogsUnregisterCallback(handle: *mut c_void) -> i32 {
         code::INVALID_VALUE
     } else {
         code::SUCCESS
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::bus_of;
-
-    #[test]
-    fn bus_ids_name_physical_indexes() {
-        assert_eq!(bus_of("0000:01:00.0"), Some(0));
-        assert_eq!(bus_of("00000000:0A:00.0"), Some(9));
-        assert_eq!(bus_of("0a:00.0"), Some(9));
-        assert_eq!(bus_of("00:00.0"), None);
-        assert_eq!(bus_of("nonsense"), None);
     }
 }

@@ -10,7 +10,7 @@ use std::alloc::Layout;
 use std::collections::HashMap;
 use std::ffi::c_void;
 
-use crate::driver::{code, with_driver};
+use crate::driver::{code, query, with_driver};
 use crate::forklock::ForkLock;
 use crate::{objects, put};
 
@@ -31,17 +31,8 @@ enum Place {
 }
 
 fn place(address: u64) -> Place {
-    let device = with_driver(|driver| match driver.device_range(address) {
-        Some(range) => {
-            DEVICE_HIT.with(|hit| hit.set(Some(range)));
-            code::SUCCESS
-        }
-        None => code::NOT_FOUND,
-    });
-    if device == code::SUCCESS {
-        if let Some((start, bytes, ordinal)) = DEVICE_HIT.with(|hit| hit.take()) {
-            return Place::Device(start, bytes, ordinal);
-        }
+    if let Ok(Some((start, bytes, ordinal))) = query(|driver| Ok(driver.device_range(address))) {
+        return Place::Device(start, bytes, ordinal);
     }
     if let Some((start, bytes)) = pinned_range(address as usize) {
         return Place::PinnedHost(start, bytes);
@@ -50,11 +41,6 @@ fn place(address: u64) -> Place {
         return Place::Device(address, crate::objects::GLOBAL_BYTES as u64, 0);
     }
     Place::Host
-}
-
-thread_local! {
-    /// Carries a range out of the driver lock in [`place`].
-    static DEVICE_HIT: std::cell::Cell<Option<(u64, u64, usize)>> = const { std::cell::Cell::new(None) };
 }
 
 fn pinned_range(address: usize) -> Option<(usize, usize)> {
@@ -462,10 +448,10 @@ unsafe fn pointer_attribute(data: *mut c_void, attribute: i32, address: u64) -> 
         Place::Host => return code::INVALID_VALUE,
     };
     let on_device = matches!(where_, Place::Device(..));
-    let context = with_driver(|driver| driver.current() as i32);
+    let context = query(|driver| Ok(driver.current())).unwrap_or(0);
     match attribute {
         // CONTEXT
-        1 => put(data.cast::<u64>(), context as u64),
+        1 => put(data.cast::<u64>(), context),
         // MEMORY_TYPE: device 2, host 1
         2 => put(data.cast::<u32>(), if on_device { 2 } else { 1 }),
         // DEVICE_POINTER, HOST_POINTER (pinned memory only)

@@ -2,40 +2,35 @@
 
 use std::ffi::{c_char, c_void};
 
-use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::driver::{code, lock, with_driver};
-use crate::{attributes, put};
+use crate::{attributes, config, put};
 
-/// The driver version reported unless `GPUVISOR_SIM_DRIVER_VERSION` says otherwise: 13.2,
-/// which the CUDA 13 runtime requires (cudart 13 refuses a driver below 13000) and the CUDA 12
-/// runtimes accept, as a real 13.x driver serves both.
-pub const DEFAULT_DRIVER_VERSION: i32 = 13020;
-/// The environment variable that sets the simulated driver version (e.g. `12080`).
-pub const DRIVER_VERSION_ENV: &str = "GPUVISOR_SIM_DRIVER_VERSION";
-
-static DRIVER_VERSION: AtomicI32 = AtomicI32::new(0);
-
-/// The simulated driver's version (read from the environment once).
+/// The simulated driver's version ([`config::driver_version`]).
 pub fn driver_version() -> i32 {
-    let known = DRIVER_VERSION.load(Ordering::Relaxed);
-    if known != 0 {
-        return known;
+    config::driver_version()
+}
+
+/// Whether the "driver older than its caller" line was printed (once per process).
+static OLDER_SAID: AtomicBool = AtomicBool::new(false);
+
+/// Says once, on stderr, when a caller (the runtime's integrity check, or cuGetProcAddress)
+/// was built for a newer CUDA than the simulated driver: the CUDA 13 runtime then refuses to
+/// start with `cudaErrorInsufficientDriver`, far from the cause.
+pub fn note_caller_version(version: i32) {
+    let driver = driver_version();
+    let wanted = version / 10 * 10;
+    if wanted > driver && !OLDER_SAID.swap(true, Ordering::Relaxed) {
+        eprintln!(
+            "gpuvisor-sim: a program built for CUDA {}.{} uses the simulated driver {}.{}\n  hint: set {}={wanted} if it refuses to start",
+            wanted / 1000,
+            wanted % 1000 / 10,
+            driver / 1000,
+            driver % 1000 / 10,
+            config::DRIVER_VERSION_ENV,
+        );
     }
-    let version = match std::env::var(DRIVER_VERSION_ENV) {
-        Ok(text) => match text.trim().parse::<i32>() {
-            Ok(version) if (9000..100_000).contains(&version) => version,
-            _ => {
-                eprintln!(
-                    "gpuvisor-sim: {DRIVER_VERSION_ENV}=`{text}` is not a CUDA version like 13020; using {DEFAULT_DRIVER_VERSION}"
-                );
-                DEFAULT_DRIVER_VERSION
-            }
-        },
-        Err(_) => DEFAULT_DRIVER_VERSION,
-    };
-    DRIVER_VERSION.store(version, Ordering::Relaxed);
-    version
 }
 
 /// What the runtime's integrity check hashes per visible device: UUID, PCI domain, bus and
@@ -52,7 +47,7 @@ pub fn device_identities() -> Vec<[u8; 28]> {
             let mut record = [0u8; 28];
             record[..16].copy_from_slice(&device.uuid_bytes());
             record[16..20].copy_from_slice(&0i32.to_le_bytes());
-            record[20..24].copy_from_slice(&(device.index as i32 + 1).to_le_bytes());
+            record[20..24].copy_from_slice(&(config::pci_bus(device.index) as i32).to_le_bytes());
             record[24..28].copy_from_slice(&0i32.to_le_bytes());
             record
         })

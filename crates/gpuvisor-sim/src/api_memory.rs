@@ -7,7 +7,7 @@ use crate::driver::{code, current_device_fast, published, with_driver, Driver, G
 use crate::put;
 
 /// Allocates on `ordinal` and writes the address to `out`.
-pub unsafe fn allocate_into(
+unsafe fn allocate_into(
     driver: &mut Driver,
     out: *mut u64,
     ordinal: Result<usize, i32>,

@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use std::ffi::c_void;
 
 use crate::api_memory::prop_device;
-use crate::driver::{code, published, with_driver, GRANULARITY};
+use crate::driver::{code, published, query, with_driver, GRANULARITY};
 use crate::forklock::ForkLock;
 use crate::put;
 
@@ -137,12 +137,9 @@ pub unsafe extern "C" fn cuMemAllocAsync(
     bytes: usize,
     stream: *mut c_void,
 ) -> i32 {
-    let ordinal = match with_driver(|driver| match driver.stream_device(stream as u64) {
-        Ok(ordinal) => ordinal as i32,
-        Err(error) => -error,
-    }) {
-        ordinal if ordinal >= 0 => ordinal as usize,
-        error => return -error,
+    let ordinal = match query(|driver| driver.stream_device(stream as u64)) {
+        Ok(ordinal) => ordinal,
+        Err(error) => return error,
     };
     let pool = POOLS.with(|pools| {
         pools
@@ -183,19 +180,14 @@ pub unsafe extern "C" fn cuMemAllocFromPoolAsync(
     pool: *mut c_void,
     stream: *mut c_void,
 ) -> i32 {
-    let checked = with_driver(|driver| {
-        if let Err(error) = driver.stream_device(stream as u64) {
-            return -error;
-        }
-        match driver.pool_device(pool as u64) {
-            Ok(ordinal) => ordinal as i32,
-            Err(error) => -error,
-        }
+    let ordinal = query(|driver| {
+        driver.stream_device(stream as u64)?;
+        driver.pool_device(pool as u64)
     });
-    if checked < 0 {
-        return -checked;
+    match ordinal {
+        Ok(ordinal) => allocate_into(address, pool as u64, ordinal, bytes, stream),
+        Err(error) => error,
     }
-    allocate_into(address, pool as u64, checked as usize, bytes, stream)
 }
 
 /// cuMemFreeAsync: back to the pool (or, for a cuMemAlloc'd address, freed at once).
@@ -277,15 +269,7 @@ pub extern "C" fn cuMemPoolDestroy(pool: *mut c_void) -> i32 {
 
 /// The pool's device, checked against the driver state.
 fn pool_device(pool: *mut c_void) -> Result<usize, i32> {
-    let ordinal = with_driver(|driver| match driver.pool_device(pool as u64) {
-        Ok(ordinal) => ordinal as i32,
-        Err(error) => -error,
-    });
-    if ordinal < 0 {
-        Err(-ordinal)
-    } else {
-        Ok(ordinal as usize)
-    }
+    query(|driver| driver.pool_device(pool as u64))
 }
 
 /// cuMemPoolTrimTo: gives back what the pool holds beyond max(used, `keep`).

@@ -157,6 +157,118 @@ pub fn visible_devices(all: &[SimDevice], visible: Option<&str>) -> Vec<SimDevic
     chosen
 }
 
+/// The environment variable with the driver's CUDA version (an integer like 12080 or 13020),
+/// which the driver (`cuDriverGetVersion`) and NVML both report.
+pub const DRIVER_VERSION_ENV: &str = "GPUVISOR_SIM_DRIVER_VERSION";
+/// The CUDA version reported when [`DRIVER_VERSION_ENV`] is not set: 13.2, which the CUDA 13
+/// runtime requires (cudart 13 refuses a driver below 13000) and the CUDA 12 runtimes accept, as
+/// a real 13.x driver serves both.
+pub const DEFAULT_CUDA_VERSION: i32 = 13020;
+
+/// NVIDIA's PCI vendor id in the low half, the H100 SXM5 80GB device id in the high half.
+pub const PCI_DEVICE_ID: u32 = 0x2330_10DE;
+/// The subsystem id of an HGX H100 board.
+pub const PCI_SUBSYSTEM_ID: u32 = 0x16C1_10DE;
+
+/// A CUDA version as CUDA encodes it: `major * 1000 + minor * 10`, 10000 (10.0) to 99990.
+pub fn parse_cuda_version(text: &str) -> Option<i32> {
+    text.trim()
+        .parse::<i32>()
+        .ok()
+        .filter(|version| (10_000..100_000).contains(version))
+}
+
+static DRIVER_VERSION: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+
+/// The simulated driver's CUDA version, read from [`DRIVER_VERSION_ENV`] once (an invalid
+/// value is said once and the default used).
+pub fn driver_version() -> i32 {
+    use std::sync::atomic::Ordering;
+    let known = DRIVER_VERSION.load(Ordering::Relaxed);
+    if known != 0 {
+        return known;
+    }
+    let version = match std::env::var(DRIVER_VERSION_ENV) {
+        Ok(text) => parse_cuda_version(&text).unwrap_or_else(|| {
+            eprintln!(
+                "gpuvisor-sim: {DRIVER_VERSION_ENV}=`{text}` is not a CUDA version like 13020; using {DEFAULT_CUDA_VERSION}"
+            );
+            DEFAULT_CUDA_VERSION
+        }),
+        Err(_) => DEFAULT_CUDA_VERSION,
+    };
+    DRIVER_VERSION.store(version, Ordering::Relaxed);
+    version
+}
+
+/// The PCI bus of the device with physical index `index`: buses start at 1, as the driver's
+/// `CU_DEVICE_ATTRIBUTE_PCI_BUS_ID` answers for the same device.
+pub fn pci_bus(index: u32) -> u32 {
+    index + 1
+}
+
+/// The physical index of the device at a PCI address (the inverse of [`pci_bus`]), if the
+/// address can be a simulated device's.
+pub fn physical_index_at(address: &PciAddress) -> Option<u32> {
+    if address.domain != 0 || address.device != 0 || address.function != 0 {
+        return None;
+    }
+    address.bus.checked_sub(1)
+}
+
+/// `00000000:01:00.0`, NVML's bus id form (`nvmlPciInfo_t::busId`).
+pub fn bus_id(index: u32) -> String {
+    format!("{:08X}:{:02X}:00.0", 0, pci_bus(index))
+}
+
+/// `0000:01:00.0`, the legacy form (`busIdLegacy`, and what `cuDeviceGetPCIBusId` gives).
+pub fn legacy_bus_id(index: u32) -> String {
+    format!("{:04X}:{:02X}:00.0", 0, pci_bus(index))
+}
+
+/// A parsed PCI address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PciAddress {
+    /// PCI domain (segment).
+    pub domain: u32,
+    /// Bus number.
+    pub bus: u32,
+    /// Device number on the bus.
+    pub device: u32,
+    /// Function number.
+    pub function: u32,
+}
+
+/// Parses `[domain:]bus:device[.function]` in hex, any case (NVML accepts 4- and 8-digit
+/// domains alike).
+pub fn parse_bus_id(text: &str) -> Option<PciAddress> {
+    let text = text.trim();
+    let (rest, function) = match text.rsplit_once('.') {
+        Some((rest, function)) => (rest, hex(function, 1)?),
+        None => (text, 0),
+    };
+    let parts: Vec<&str> = rest.split(':').collect();
+    let (domain, bus, device) = match parts.as_slice() {
+        [domain, bus, device] => (hex(domain, 8)?, hex(bus, 2)?, hex(device, 2)?),
+        [bus, device] => (0, hex(bus, 2)?, hex(device, 2)?),
+        _ => return None,
+    };
+    Some(PciAddress {
+        domain,
+        bus,
+        device,
+        function,
+    })
+}
+
+/// A hex number of 1 to `digits` digits.
+fn hex(text: &str, digits: usize) -> Option<u32> {
+    if text.is_empty() || text.len() > digits || !text.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    u32::from_str_radix(text, 16).ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

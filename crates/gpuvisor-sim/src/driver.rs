@@ -166,10 +166,15 @@ pub fn lock() -> MutexGuard<'static, Option<Driver>> {
 
 /// Runs `body` on the initialised driver, or returns CUDA_ERROR_NOT_INITIALIZED.
 pub fn with_driver(body: impl FnOnce(&mut Driver) -> i32) -> i32 {
+    query(|driver| Ok(body(driver))).unwrap_or_else(|error| error)
+}
+
+/// Runs `body` on the initialised driver for a value, or CUDA_ERROR_NOT_INITIALIZED.
+pub fn query<T>(body: impl FnOnce(&mut Driver) -> Result<T, i32>) -> Result<T, i32> {
     let mut guard = lock();
     match guard.as_mut() {
         Some(driver) if driver.initialized => body(driver),
-        _ => code::NOT_INITIALIZED,
+        _ => Err(code::NOT_INITIALIZED),
     }
 }
 

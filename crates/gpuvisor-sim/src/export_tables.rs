@@ -7,12 +7,10 @@
 //! CuPy were seen calling (docs/simulator.md). Each table is a static at a stable address:
 //! the integrity check hashes those addresses, so they must not move.
 
-use std::ffi::c_void;
-use std::sync::atomic::{AtomicBool, Ordering};
-
 use crate::driver::code;
 use crate::md2;
 use crate::{api_device, objects, put, unserved};
+use std::ffi::c_void;
 
 /// A table of `N` pointer-sized slots.
 #[repr(C)]
@@ -289,25 +287,13 @@ extern "C" {
     fn pthread_self() -> usize;
 }
 
-/// Whether the "driver too old for this runtime" line was printed (once per process).
-static TOO_NEW_SAID: AtomicBool = AtomicBool::new(false);
-
 /// The runtime calls this with its version, then +1 and +2; the last digit picks the answer.
 unsafe extern "C" fn integrity_check(version: u32, unix_seconds: u64, out: *mut [u64; 2]) -> i32 {
     if out.is_null() {
         return code::INVALID_VALUE;
     }
+    api_device::note_caller_version(version as i32);
     let driver_version = api_device::driver_version() as u32;
-    if version / 10 * 10 > driver_version && !TOO_NEW_SAID.swap(true, Ordering::Relaxed) {
-        eprintln!(
-            "gpuvisor-sim: a CUDA {}.{} runtime asks for a driver of at least that version; the simulated driver is {}.{}\n  hint: set GPUVISOR_SIM_DRIVER_VERSION={}",
-            version / 1000,
-            version % 1000 / 10,
-            driver_version / 1000,
-            driver_version % 1000 / 10,
-            version / 10 * 10
-        );
-    }
     let answer = match version % 10 {
         0 => [0x3341_181c_03cb_675c, 0x8ed3_83aa_1f4c_d1e8],
         1 => [0x1841_181c_03cb_675c, 0x8ed3_83aa_1f4c_d1e8],

@@ -9,13 +9,8 @@
 
 use std::ffi::{c_char, c_void, CStr};
 
-use std::sync::atomic::{AtomicBool, Ordering};
-
 use crate::driver::code;
 use crate::{api_device, generated, put, unserved};
-
-/// Whether the "built for a newer CUDA" line was printed (once per process).
-static NEWER_SAID: AtomicBool = AtomicBool::new(false);
 
 /// The symbol implementing `base` in its variant number `variant` (0 = the plain name):
 /// cuda.h names the n-th revision of an entry point `base_v{n+1}`.
@@ -73,15 +68,7 @@ pub unsafe extern "C" fn cuGetProcAddress_v2(
     }
     // SAFETY: the caller passes a NUL-terminated symbol name.
     let name = unsafe { CStr::from_ptr(symbol) }.to_str().unwrap_or("");
-    if version > api_device::driver_version() && !NEWER_SAID.swap(true, Ordering::Relaxed) {
-        eprintln!(
-            "gpuvisor-sim: a program built for CUDA {}.{} asks for driver entry points; the simulated driver is {}.{}\n  hint: set GPUVISOR_SIM_DRIVER_VERSION={version} if it refuses to start",
-            version / 1000,
-            version % 1000 / 10,
-            api_device::driver_version() / 1000,
-            api_device::driver_version() % 1000 / 10,
-        );
-    }
+    api_device::note_caller_version(version);
     match resolve(name, version) {
         Ok(address) => {
             put(function, address);

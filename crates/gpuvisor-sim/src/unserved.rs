@@ -112,11 +112,10 @@ pub fn table(id: &[u8; 16]) {
 /// Exported stubs for the names of cuda.h the simulator does not implement. They take no
 /// arguments: the C calling convention lets a callee ignore what it was passed.
 macro_rules! unserved_stubs {
-    ($($index:literal $name:ident,)*) => {$(
+    ($($name:ident,)*) => {$(
         #[doc = concat!(stringify!($name), ": not simulated (CUDA_ERROR_NOT_SUPPORTED).")]
         #[no_mangle]
         pub extern "C" fn $name() -> i32 {
-            let _ = $index;
             crate::unserved::entry(stringify!($name))
         }
     )*};

@@ -100,16 +100,11 @@ pub fn run(args: ExecArgs) -> Result<ExitCode, Failure> {
             ledger_path.display()
         ))
     })?;
-    // The simulator opens its state file by name (and would create it): it is made here first,
-    // so no one else can have put a file or a symlink there.
     let sim_state = simulate.map(|_| runtime_path(&runtime_dir, "sim"));
     if let Some(state) = &sim_state {
-        if let Err(error) = runtime::create_private_file(state) {
+        if let Err(failure) = runtime::create_sim_state(state) {
             let _ = ledger.remove();
-            return Err(Failure::unavailable(format!(
-                "cannot create the simulator's state file {}: {error}",
-                state.display()
-            )));
+            return Err(failure);
         }
     }
 
@@ -123,7 +118,7 @@ pub fn run(args: ExecArgs) -> Result<ExitCode, Failure> {
     if let (Some(sim_dir), Some(state)) = (&libraries.sim_dir, &sim_state) {
         command.env(
             "LD_LIBRARY_PATH",
-            prepend_path(sim_dir, std::env::var_os("LD_LIBRARY_PATH")),
+            shim::prepend_to("LD_LIBRARY_PATH", sim_dir.as_os_str()),
         );
         if let Some(inventory) = &inventory {
             command.env(SIM_GPUS_ENV, inventory.sim_env_value());
@@ -370,13 +365,7 @@ fn apply_env(
             None => command.env_remove(&var.name),
         };
     }
-    command.env(
-        "LD_PRELOAD",
-        prepend_path(
-            Path::new(&libraries.preload()),
-            std::env::var_os("LD_PRELOAD"),
-        ),
-    );
+    command.env("LD_PRELOAD", libraries.preload(true).unwrap_or_default());
     command.env(ENV_LEDGER, ledger_path);
     command.env(ENV_GROUP, "0");
     command.env_remove(ENV_ROOT_PID);
@@ -390,16 +379,6 @@ fn apply_env(
             command.env_remove(name);
         }
     }
-}
-
-/// `first:rest` for a colon-separated path list.
-fn prepend_path(first: &Path, rest: Option<std::ffi::OsString>) -> std::ffi::OsString {
-    let mut joined = first.as_os_str().to_owned();
-    if let Some(rest) = rest.filter(|rest| !rest.is_empty()) {
-        joined.push(":");
-        joined.push(rest);
-    }
-    joined
 }
 
 /// A fresh, unguessable name for a per-run file in [`runtime::dir`].

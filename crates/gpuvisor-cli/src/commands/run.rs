@@ -228,23 +228,14 @@ fn make_hooks(
     let mut files = Vec::new();
     let mut sim_state = None;
     if let Some(sim_dir) = libraries.and_then(|libraries| libraries.sim_dir.as_ref()) {
-        let mut path = sim_dir.display().to_string();
-        if let Some(existing) = std::env::var("LD_LIBRARY_PATH")
-            .ok()
-            .filter(|value| !value.is_empty())
-        {
-            path = format!("{path}:{existing}");
-        }
-        // The simulated GPUs' shared physical accounting, for every process of the job; made
-        // here because the simulator opens it by name and would create it.
+        let path = shim::prepend_to("LD_LIBRARY_PATH", sim_dir.as_os_str());
+        // The simulated GPUs' shared physical accounting, for every process of the job.
         let state = runtime::unguessable(&dir, &format!("gpuvisor-sim-{safe_name}."), &pid);
-        runtime::create_private_file(&state).map_err(|error| {
-            Failure::unavailable(format!(
-                "cannot create the simulator's state file {}: {error}",
-                state.display()
-            ))
-        })?;
-        extra_env.push(("LD_LIBRARY_PATH".to_string(), Some(path)));
+        runtime::create_sim_state(&state)?;
+        extra_env.push((
+            "LD_LIBRARY_PATH".to_string(),
+            Some(path.to_string_lossy().into_owned()),
+        ));
         extra_env.push((SIM_GPUS_ENV.to_string(), Some(inventory.sim_env_value())));
         extra_env.push((SIM_STATE_ENV.to_string(), Some(state.display().to_string())));
         files.push(state.clone());
@@ -253,22 +244,18 @@ fn make_hooks(
     let hooks = match plan.enforcement {
         Enforcement::Framework => {
             // No shim, but the simulated machine's device nodes must still be visible.
-            if let Some(sim_dir) = libraries.and_then(|libraries| libraries.sim_dir.as_ref()) {
-                let mut preload = sim_dir.join("libcuda.so.1").display().to_string();
-                if let Some(existing) = std::env::var("LD_PRELOAD")
-                    .ok()
-                    .filter(|value| !value.is_empty())
-                {
-                    preload = format!("{preload}:{existing}");
-                }
-                extra_env.push(("LD_PRELOAD".to_string(), Some(preload)));
+            if let Some(preload) = libraries.and_then(|libraries| libraries.preload(false)) {
+                extra_env.push((
+                    "LD_PRELOAD".to_string(),
+                    Some(preload.to_string_lossy().into_owned()),
+                ));
             }
             ledger::LedgerHooks::env_only(extra_env, files)
         }
         Enforcement::Shim => {
             let path = runtime::unguessable(&dir, &format!("gpuvisor-{safe_name}."), &pid);
-            let shim = libraries.map(|libraries| PathBuf::from(libraries.preload()));
-            ledger::LedgerHooks::create(plan, inventory, &path, shim, extra_env, files)?
+            let preload = libraries.and_then(|libraries| libraries.preload(true));
+            ledger::LedgerHooks::create(plan, inventory, &path, preload, extra_env, files)?
         }
     };
     Ok((hooks, sim_state))

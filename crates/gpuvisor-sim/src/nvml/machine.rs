@@ -4,18 +4,10 @@
 //! so they are tested without the exported entry points.
 
 use crate::config::{self, SimDevice};
+pub use crate::config::{
+    bus_id, legacy_bus_id, parse_bus_id, pci_bus, PciAddress, PCI_DEVICE_ID, PCI_SUBSYSTEM_ID,
+};
 use crate::physical::Physical;
-
-/// The CUDA version the driver reports (an integer like 12080 or 13020); the driver half reads
-/// the same variable.
-pub const DRIVER_VERSION_ENV: &str = "GPUVISOR_SIM_DRIVER_VERSION";
-/// The CUDA version reported when [`DRIVER_VERSION_ENV`] is not set: 13.2.
-pub const DEFAULT_CUDA_VERSION: i32 = 13020;
-
-/// NVIDIA's PCI vendor id in the low half, the H100 SXM5 80GB device id in the high half.
-pub const PCI_DEVICE_ID: u32 = 0x2330_10DE;
-/// The subsystem id of an HGX H100 board.
-pub const PCI_SUBSYSTEM_ID: u32 = 0x16C1_10DE;
 
 /// The simulated machine NVML answers for, read once at the first `nvmlInit`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -35,12 +27,8 @@ impl Machine {
             std::env::var(config::SIM_GPUS_ENV).unwrap_or_else(|_| config::DEFAULT_GPUS.into());
         let devices = config::parse_devices(&spec)
             .map_err(|reason| format!("{}=`{spec}` is invalid: {reason}", config::SIM_GPUS_ENV))?;
-        let cuda_version = match std::env::var(DRIVER_VERSION_ENV) {
-            Ok(text) => parse_cuda_version(&text).ok_or_else(|| {
-                format!("{DRIVER_VERSION_ENV}=`{text}` is not a CUDA version like 12080")
-            })?,
-            Err(_) => DEFAULT_CUDA_VERSION,
-        };
+        // The same version the driver half reports (one reading of the variable).
+        let cuda_version = config::driver_version();
         Ok(Machine {
             devices,
             cuda_version,
@@ -55,11 +43,7 @@ impl Machine {
 
     /// The device whose PCI bus id is `text` (either NVML form, any case).
     pub fn device_by_bus_id(&self, text: &str) -> Option<&SimDevice> {
-        let address = parse_bus_id(text)?;
-        if address.domain != 0 || address.device != 0 || address.function != 0 {
-            return None;
-        }
-        let index = address.bus.checked_sub(1)?;
+        let index = config::physical_index_at(&parse_bus_id(text)?)?;
         self.device(index as usize)
     }
 
@@ -74,14 +58,6 @@ impl Machine {
     pub fn driver_version(&self) -> &'static str {
         driver_version_for(self.cuda_version)
     }
-}
-
-/// A CUDA version as CUDA encodes it: `major * 1000 + minor * 10`, 10000 (10.0) to 99990.
-pub fn parse_cuda_version(text: &str) -> Option<i32> {
-    text.trim()
-        .parse::<i32>()
-        .ok()
-        .filter(|version| (10_000..100_000).contains(version))
 }
 
 /// The Linux driver of the branch that introduced each CUDA version (release-notes minimums),
@@ -109,65 +85,6 @@ pub fn driver_version_for(cuda_version: i32) -> &'static str {
         .find(|(since, _)| *since <= cuda_version)
         .unwrap_or(&DRIVER_BRANCHES[0])
         .1
-}
-
-/// The PCI bus of the device with physical index `index`: buses start at 1, as the driver's
-/// `CU_DEVICE_ATTRIBUTE_PCI_BUS_ID` answers for the same device.
-pub fn pci_bus(index: u32) -> u32 {
-    index + 1
-}
-
-/// `00000000:01:00.0`, NVML's bus id form (`nvmlPciInfo_t::busId`).
-pub fn bus_id(index: u32) -> String {
-    format!("{:08X}:{:02X}:00.0", 0, pci_bus(index))
-}
-
-/// `0000:01:00.0`, the legacy form (`busIdLegacy`, and what `cuDeviceGetPCIBusId` gives).
-pub fn legacy_bus_id(index: u32) -> String {
-    format!("{:04X}:{:02X}:00.0", 0, pci_bus(index))
-}
-
-/// A parsed PCI address.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PciAddress {
-    /// PCI domain (segment).
-    pub domain: u32,
-    /// Bus number.
-    pub bus: u32,
-    /// Device number on the bus.
-    pub device: u32,
-    /// Function number.
-    pub function: u32,
-}
-
-/// Parses `[domain:]bus:device[.function]` in hex, any case (NVML accepts 4- and 8-digit
-/// domains alike).
-pub fn parse_bus_id(text: &str) -> Option<PciAddress> {
-    let text = text.trim();
-    let (rest, function) = match text.rsplit_once('.') {
-        Some((rest, function)) => (rest, hex(function, 1)?),
-        None => (text, 0),
-    };
-    let parts: Vec<&str> = rest.split(':').collect();
-    let (domain, bus, device) = match parts.as_slice() {
-        [domain, bus, device] => (hex(domain, 8)?, hex(bus, 2)?, hex(device, 2)?),
-        [bus, device] => (0, hex(bus, 2)?, hex(device, 2)?),
-        _ => return None,
-    };
-    Some(PciAddress {
-        domain,
-        bus,
-        device,
-        function,
-    })
-}
-
-/// A hex number of 1 to `digits` digits.
-fn hex(text: &str, digits: usize) -> Option<u32> {
-    if text.is_empty() || text.len() > digits || !text.bytes().all(|b| b.is_ascii_hexdigit()) {
-        return None;
-    }
-    u32::from_str_radix(text, 16).ok()
 }
 
 /// Bytes in use on `device` as the card sees them: foreign use plus what every live process
@@ -202,6 +119,7 @@ pub fn for_each_process(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::{parse_cuda_version, DEFAULT_CUDA_VERSION};
 
     #[test]
     fn bus_ids_parse_in_both_forms_and_any_case() {

@@ -22,8 +22,9 @@ use crate::failure::Failure;
 pub struct LedgerHooks {
     ledger: Option<Ledger>,
     path: PathBuf,
-    /// The shim to preload; `None` until the binary carries one (then only the ledger exists).
-    shim: Option<PathBuf>,
+    /// `LD_PRELOAD` for every replica (the shim first); `None` when there is no shim (then only
+    /// the ledger exists).
+    preload: Option<OsString>,
     /// Extra variables for every replica (the simulator's, with `--simulate`).
     extra_env: Vec<(String, Option<String>)>,
     /// Files to remove at the end (the simulator's state).
@@ -45,7 +46,7 @@ impl LedgerHooks {
         plan: &Plan,
         inventory: &Inventory,
         path: &Path,
-        shim: Option<PathBuf>,
+        preload: Option<OsString>,
         extra_env: Vec<(String, Option<String>)>,
         files: Vec<PathBuf>,
     ) -> Result<LedgerHooks, Failure> {
@@ -100,7 +101,7 @@ impl LedgerHooks {
         Ok(LedgerHooks {
             ledger: Some(ledger),
             path: path.to_path_buf(),
-            shim,
+            preload,
             extra_env,
             files,
             labels: plan
@@ -121,7 +122,7 @@ impl LedgerHooks {
         LedgerHooks {
             ledger: None,
             path: PathBuf::new(),
-            shim: None,
+            preload: None,
             extra_env,
             files,
             labels: Vec::new(),
@@ -152,13 +153,7 @@ impl Hooks for LedgerHooks {
         };
         // A restarted replica starts from zero: what its dead processes held is returned.
         ledger.reclaim_dead_in_group(index as u32);
-        if let Some(shim) = &self.shim {
-            let mut preload = OsString::from(shim.as_os_str());
-            if let Some(existing) = std::env::var_os("LD_PRELOAD").filter(|value| !value.is_empty())
-            {
-                preload.push(":");
-                preload.push(existing);
-            }
+        if let Some(preload) = &self.preload {
             env.push((
                 "LD_PRELOAD".into(),
                 Some(preload.to_string_lossy().into_owned()),
