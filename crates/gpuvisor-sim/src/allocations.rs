@@ -147,16 +147,19 @@ thread_local! {
 }
 static NEXT_SHARD: AtomicUsize = AtomicUsize::new(0);
 
+/// This thread's shard (shard 0 during thread teardown, when its storage is gone).
 fn home_shard() -> usize {
-    HOME_SHARD.with(|home| {
-        let shard = home.get();
-        if shard != usize::MAX {
-            return shard;
-        }
-        let shard = NEXT_SHARD.fetch_add(1, Ordering::Relaxed) % SHARDS;
-        home.set(shard);
-        shard
-    })
+    HOME_SHARD
+        .try_with(|home| {
+            let shard = home.get();
+            if shard != usize::MAX {
+                return shard;
+            }
+            let shard = NEXT_SHARD.fetch_add(1, Ordering::Relaxed) % SHARDS;
+            home.set(shard);
+            shard
+        })
+        .unwrap_or(0)
 }
 
 /// The allocation table of one initialised driver (one process, one generation).

@@ -4,7 +4,7 @@ use std::ffi::{c_char, c_void};
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use crate::driver::{code, lock, with_driver};
+use crate::driver::{code, locked, query, with_driver};
 use crate::{attributes, config, put};
 
 /// The simulated driver's version ([`config::driver_version`]).
@@ -36,12 +36,8 @@ pub fn note_caller_version(version: i32) {
 /// What the runtime's integrity check hashes per visible device: UUID, PCI domain, bus and
 /// device number (28 bytes).
 pub fn device_identities() -> Vec<[u8; 28]> {
-    let guard = lock();
-    let Some(driver) = guard.as_ref().filter(|driver| driver.initialized()) else {
-        return Vec::new();
-    };
-    driver
-        .devices
+    let devices = query(|driver| Ok(driver.devices.clone())).unwrap_or_default();
+    devices
         .iter()
         .map(|device| {
             let mut record = [0u8; 28];
@@ -57,10 +53,7 @@ pub fn device_identities() -> Vec<[u8; 28]> {
 /// cuInit: reads the simulated machine from the environment.
 #[no_mangle]
 pub extern "C" fn cuInit(_flags: u32) -> i32 {
-    let mut guard = lock();
-    guard
-        .as_mut()
-        .map_or(code::NOT_INITIALIZED, |driver| driver.init())
+    locked(|driver| driver.init())
 }
 
 /// cuDriverGetVersion.

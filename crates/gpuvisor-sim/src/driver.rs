@@ -11,11 +11,11 @@
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard};
 
 use crate::allocations::{Allocations, DeviceAccount, RESERVATION_BASE};
 pub use crate::allocations::{ADDRESS_BASE, GRANULARITY};
 use crate::config::{self, SimDevice};
+use crate::forklock::ForkLock;
 use crate::physical::Physical;
 use crate::process;
 use crate::vmm::{Freed, Vmm};
@@ -98,7 +98,15 @@ pub struct Driver {
     pools: HashMap<u64, usize>,
 }
 
-static DRIVER: Mutex<Option<Driver>> = Mutex::new(None);
+/// This process's driver state, behind a lock a forked child can always take (a child gets a
+/// fresh, uninitialised driver, as CUDA state does not survive a fork).
+static DRIVER: ForkLock<Slot> = ForkLock::new();
+/// Generations handed out, so a child's driver never shares one with its parent's.
+static GENERATIONS: AtomicU64 = AtomicU64::new(1);
+
+/// The driver state, made on first use.
+#[derive(Default)]
+struct Slot(Option<Driver>);
 /// The initialised driver's table, for the lock-free hot path; null when uninitialised.
 static PUBLISHED: AtomicPtr<Allocations> = AtomicPtr::new(std::ptr::null_mut());
 /// Bumped whenever a context stops existing, so threads re-check their cached device.
@@ -131,7 +139,8 @@ pub(crate) fn forget_after_fork() {
 #[inline]
 pub fn current_device_fast(table: &Allocations) -> Result<usize, i32> {
     let epoch = CONTEXT_EPOCH.load(Ordering::Acquire);
-    let (generation, cached_epoch, ordinal) = CURRENT_DEVICE.with(Cell::get);
+    let (generation, cached_epoch, ordinal) =
+        CURRENT_DEVICE.try_with(Cell::get).unwrap_or((0, 0, 0));
     if generation == table.generation && cached_epoch == epoch {
         return Ok(ordinal);
     }
@@ -140,28 +149,26 @@ pub fn current_device_fast(table: &Allocations) -> Result<usize, i32> {
 
 #[cold]
 fn current_device_slow(generation: u64, epoch: u64) -> Result<usize, i32> {
-    let guard = lock();
-    match guard.as_ref() {
-        Some(driver) if driver.initialized && driver.generation == generation => {
-            let ordinal = driver.current_device()?;
-            CURRENT_DEVICE.with(|cell| cell.set((generation, epoch, ordinal)));
-            Ok(ordinal)
+    query(|driver| {
+        if driver.generation != generation {
+            return Err(code::NOT_INITIALIZED);
         }
-        _ => Err(code::NOT_INITIALIZED),
-    }
+        let ordinal = driver.current_device()?;
+        // During thread teardown the cache is gone; the answer still stands.
+        let _ = CURRENT_DEVICE.try_with(|cell| cell.set((generation, epoch, ordinal)));
+        Ok(ordinal)
+    })
 }
 
-/// Locks the driver state, resetting it if it was made by another process (before a fork).
-pub fn lock() -> MutexGuard<'static, Option<Driver>> {
-    let mut guard = DRIVER
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner());
-    let pid = process::pid();
-    if guard.as_ref().is_none_or(|driver| driver.pid != pid) {
-        let generation = guard.as_ref().map_or(1, |driver| driver.generation + 1);
-        *guard = Some(Driver::fresh(pid, generation));
-    }
-    guard
+/// Runs `body` on this process's driver state, initialised or not. `body` must not call back
+/// into the driver state.
+pub fn locked<R>(body: impl FnOnce(&mut Driver) -> R) -> R {
+    DRIVER.with(|slot| {
+        let driver = slot.0.get_or_insert_with(|| {
+            Driver::fresh(process::pid(), GENERATIONS.fetch_add(1, Ordering::Relaxed))
+        });
+        body(driver)
+    })
 }
 
 /// Runs `body` on the initialised driver, or returns CUDA_ERROR_NOT_INITIALIZED.
@@ -171,11 +178,13 @@ pub fn with_driver(body: impl FnOnce(&mut Driver) -> i32) -> i32 {
 
 /// Runs `body` on the initialised driver for a value, or CUDA_ERROR_NOT_INITIALIZED.
 pub fn query<T>(body: impl FnOnce(&mut Driver) -> Result<T, i32>) -> Result<T, i32> {
-    let mut guard = lock();
-    match guard.as_mut() {
-        Some(driver) if driver.initialized => body(driver),
-        _ => Err(code::NOT_INITIALIZED),
-    }
+    locked(|driver| {
+        if driver.initialized {
+            body(driver)
+        } else {
+            Err(code::NOT_INITIALIZED)
+        }
+    })
 }
 
 impl Driver {
@@ -373,16 +382,21 @@ impl Driver {
         self.contexts.contains_key(&handle)
     }
 
-    fn with_stack<T>(&self, body: impl FnOnce(&mut Vec<u64>) -> T) -> T {
-        CONTEXT_STACK.with(|cell| {
-            let mut cell = cell.borrow_mut();
-            if cell.0 != self.generation {
-                *cell = (self.generation, Vec::new());
-            }
-            // The current context may change: drop this thread's cached device.
-            CURRENT_DEVICE.with(|cached| cached.set((0, 0, 0)));
-            body(&mut cell.1)
-        })
+    /// Runs `body` on this thread's context stack. Exit handlers may call the driver after
+    /// this thread's storage is gone (torch's do): the thread then has no context (the default
+    /// answer), rather than a panic that would abort the program.
+    fn with_stack<T: Default>(&self, body: impl FnOnce(&mut Vec<u64>) -> T) -> T {
+        CONTEXT_STACK
+            .try_with(|cell| {
+                let mut cell = cell.borrow_mut();
+                if cell.0 != self.generation {
+                    *cell = (self.generation, Vec::new());
+                }
+                // The current context may change: drop this thread's cached device.
+                let _ = CURRENT_DEVICE.try_with(|cached| cached.set((0, 0, 0)));
+                body(&mut cell.1)
+            })
+            .unwrap_or_default()
     }
 
     /// This thread's current context (0 when none).

@@ -5,136 +5,110 @@
 //! Kernels never run, so the only work a stream ever waits for is host functions. Each one
 //! gets a ticket; an event recorded, or a synchronisation begun, after ticket `n` is complete
 //! once the worker has finished ticket `n`. One worker serves every stream, which keeps each
-//! stream's order (and is stricter than the hardware across streams).
+//! stream's order (and is stricter than the hardware across streams). The queue sits behind a
+//! fork-safe lock ([`ForkLock`]); a forked child starts with an empty queue and its own worker.
 
 use std::collections::VecDeque;
 use std::ffi::c_void;
-use std::sync::{Condvar, Mutex};
+use std::thread::Thread;
+use std::time::Duration;
 
-use crate::process;
+use crate::forklock::ForkLock;
 
 /// A host function and its argument.
 type HostFunction = unsafe extern "C" fn(*mut c_void);
 
+/// The name of the worker thread (a host function that synchronises must not wait for itself).
+const WORKER: &str = "gpuvisor-sim-host";
+
 #[derive(Default)]
 struct Queue {
-    /// The pid this queue (and its worker) belongs to.
-    pid: u32,
     pending: VecDeque<(HostFunction, usize)>,
     /// Tickets handed out, and finished.
     issued: u64,
     finished: u64,
-    worker_started: bool,
+    /// The worker, to wake; None until the first host function (and in a forked child, whose
+    /// queue starts fresh: the parent's worker does not exist there).
+    worker: Option<Thread>,
 }
 
-static QUEUE: Mutex<Option<Queue>> = Mutex::new(None);
-static CHANGED: Condvar = Condvar::new();
-
-/// Runs `body` on this process's queue. After a fork the parent's queue (and worker) are gone.
-fn with_queue<R>(body: impl FnOnce(&mut Queue) -> R) -> R {
-    let mut guard = QUEUE
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner());
-    let pid = process::pid();
-    if guard.as_ref().is_none_or(|queue| queue.pid != pid) {
-        *guard = Some(Queue {
-            pid,
-            ..Queue::default()
-        });
-    }
-    body(guard.as_mut().expect("the queue was just made"))
-}
+/// Behind a fork-safe lock: waiting is by polling and parking, never by a condition variable
+/// whose mutex a forked child could find held forever.
+static QUEUE: ForkLock<Queue> = ForkLock::new();
 
 /// Queues `function(argument)`; returns its ticket.
 pub fn enqueue(function: HostFunction, argument: *mut c_void) -> u64 {
-    let (ticket, start_worker) = with_queue(|queue| {
+    let (ticket, worker) = QUEUE.with(|queue| {
         queue.pending.push_back((function, argument as usize));
         queue.issued += 1;
-        let start = !queue.worker_started;
-        queue.worker_started = true;
-        (queue.issued, start)
+        (queue.issued, queue.worker.clone())
     });
-    if start_worker {
-        let spawned = std::thread::Builder::new()
-            .name("gpuvisor-sim-host".into())
-            .spawn(worker);
-        if spawned.is_err() {
-            // No thread: run what is queued here rather than never.
-            with_queue(|queue| queue.worker_started = false);
-            drain_here();
-        }
+    match worker {
+        Some(worker) => worker.unpark(),
+        None => start_worker(),
     }
-    CHANGED.notify_all();
     ticket
 }
 
-fn drain_here() {
-    while let Some((function, argument)) = with_queue(|queue| queue.pending.pop_front()) {
-        // SAFETY: the caller of cuLaunchHostFunc gave a function for this argument.
-        unsafe { function(argument as *mut c_void) };
-        with_queue(|queue| queue.finished += 1);
+fn start_worker() {
+    match std::thread::Builder::new()
+        .name(WORKER.into())
+        .spawn(worker)
+    {
+        Ok(handle) => {
+            let thread = handle.thread().clone();
+            QUEUE.with(|queue| queue.worker = Some(thread.clone()));
+            thread.unpark();
+        }
+        // No thread: run what is queued here rather than never.
+        Err(_) => {
+            while let Some((function, argument)) = QUEUE.with(|queue| queue.pending.pop_front()) {
+                // SAFETY: the caller of cuLaunchHostFunc gave a function for this argument.
+                unsafe { function(argument as *mut c_void) };
+                QUEUE.with(|queue| queue.finished += 1);
+            }
+        }
     }
 }
 
 fn worker() {
-    let pid = process::pid();
     loop {
-        let next = {
-            let mut guard = QUEUE
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner());
-            loop {
-                match guard.as_mut() {
-                    Some(queue) if queue.pid == pid => {
-                        if let Some(next) = queue.pending.pop_front() {
-                            break next;
-                        }
-                    }
-                    _ => return,
-                }
-                guard = CHANGED
-                    .wait(guard)
-                    .unwrap_or_else(|poisoned| poisoned.into_inner());
+        match QUEUE.with(|queue| queue.pending.pop_front()) {
+            Some((function, argument)) => {
+                // A panic cannot come from a C function; the catch keeps the worker alive
+                // regardless.
+                let _ = std::panic::catch_unwind(|| {
+                    // SAFETY: the caller of cuLaunchHostFunc gave a function for this argument.
+                    unsafe { function(argument as *mut c_void) }
+                });
+                QUEUE.with(|queue| queue.finished += 1);
             }
-        };
-        let (function, argument) = next;
-        // A panic cannot come from a C function; the catch keeps the worker alive regardless.
-        let _ = std::panic::catch_unwind(|| {
-            // SAFETY: the caller of cuLaunchHostFunc gave a function for this argument.
-            unsafe { function(argument as *mut c_void) }
-        });
-        with_queue(|queue| queue.finished += 1);
-        CHANGED.notify_all();
+            None => std::thread::park_timeout(Duration::from_millis(50)),
+        }
     }
 }
 
 /// The ticket of the last host function queued so far (0 when none).
 pub fn last_ticket() -> u64 {
-    with_queue(|queue| queue.issued)
+    QUEUE.with(|queue| queue.issued)
 }
 
 /// Whether ticket `ticket` has finished.
 pub fn done(ticket: u64) -> bool {
-    with_queue(|queue| queue.finished >= ticket)
+    QUEUE.with(|queue| queue.finished >= ticket)
 }
 
-/// Waits until ticket `ticket` has finished. Called from the worker itself (a host function
-/// that synchronises), it returns at once rather than wait for itself.
+/// Waits until ticket `ticket` has finished, polling with a growing pause (20 µs to 1 ms).
+/// Called from the worker itself (a host function that synchronises), it returns at once
+/// rather than wait for itself.
 pub fn wait(ticket: u64) {
-    if std::thread::current().name() == Some("gpuvisor-sim-host") {
+    if std::thread::current().name() == Some(WORKER) {
         return;
     }
-    let mut guard = QUEUE
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner());
-    loop {
-        match guard.as_ref() {
-            Some(queue) if queue.pid == process::pid() && queue.finished < ticket => {}
-            _ => return,
-        }
-        guard = CHANGED
-            .wait(guard)
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+    let mut pause = Duration::from_micros(20);
+    while !done(ticket) {
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(Duration::from_millis(1));
     }
 }
 
