@@ -97,11 +97,14 @@ fn build_libraries(crates: &Path, manifest: &Path, out: &Path) {
         "gpuvisor_sim",
         "cdylib",
         &sim,
+        // -Bsymbolic: calls between the simulator's own entry points bind inside it, never to
+        // a preloaded shim's hook of the same name (which would charge twice). Not
+        // -Bsymbolic-functions: zig's linker (the wheel's manylinux build) refuses it.
         &[
             "-C",
             "link-arg=-Wl,-soname,libcuda.so.1",
             "-C",
-            "link-arg=-Wl,-Bsymbolic-functions",
+            "link-arg=-Wl,-Bsymbolic",
         ],
     );
     std::fs::write(&stamp, inputs)
