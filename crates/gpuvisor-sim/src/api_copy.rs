@@ -10,7 +10,7 @@ use std::alloc::Layout;
 use std::collections::HashMap;
 use std::ffi::c_void;
 
-use crate::driver::{code, query, with_driver};
+use crate::driver::{code, query, with_driver, DeviceRange};
 use crate::forklock::ForkLock;
 use crate::{objects, put};
 
@@ -22,8 +22,8 @@ const PAGE: usize = 4096;
 /// Where an address lives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Place {
-    /// A device allocation or mapping: (start, bytes, device ordinal).
-    Device(u64, u64, usize),
+    /// A device allocation or mapping.
+    Device(DeviceRange),
     /// Page-locked host memory: (start, bytes).
     PinnedHost(usize, usize),
     /// Anything else: ordinary host memory.
@@ -31,14 +31,19 @@ enum Place {
 }
 
 fn place(address: u64) -> Place {
-    if let Ok(Some((start, bytes, ordinal))) = query(|driver| Ok(driver.device_range(address))) {
-        return Place::Device(start, bytes, ordinal);
+    if let Ok(Some(range)) = query(|driver| Ok(driver.device_range(address))) {
+        return Place::Device(range);
     }
     if let Some((start, bytes)) = pinned_range(address as usize) {
         return Place::PinnedHost(start, bytes);
     }
     if (crate::objects::GLOBALS_BASE..crate::objects::GLOBALS_END).contains(&address) {
-        return Place::Device(address, crate::objects::GLOBAL_BYTES as u64, 0);
+        return Place::Device(DeviceRange {
+            start: address,
+            bytes: crate::objects::GLOBAL_BYTES as u64,
+            device: 0,
+            mapped: false,
+        });
     }
     Place::Host
 }
@@ -442,7 +447,7 @@ unsafe fn pointer_attribute(data: *mut c_void, attribute: i32, address: u64) -> 
     }
     let where_ = place(address);
     let (start, bytes, device) = match where_ {
-        Place::Device(start, bytes, device) => (start, bytes, device as i32),
+        Place::Device(range) => (range.start, range.bytes, range.device as i32),
         Place::PinnedHost(start, bytes) => (start as u64, bytes as u64, 0),
         // Memory the driver never saw: the real driver refuses most questions about it.
         Place::Host => return code::INVALID_VALUE,
@@ -467,8 +472,12 @@ unsafe fn pointer_attribute(data: *mut c_void, attribute: i32, address: u64) -> 
         8 => put(data.cast::<u32>(), 0),
         // DEVICE_ORDINAL
         9 => put(data.cast::<i32>(), device),
-        // IS_LEGACY_CUDA_IPC_CAPABLE
-        10 => put(data.cast::<u32>(), 0),
+        // IS_LEGACY_CUDA_IPC_CAPABLE: cuMemAlloc'd memory is, VMM mappings are not (NCCL's
+        // buffer registration takes the VMM path, retain and properties, only for the latter)
+        10 => put(
+            data.cast::<u32>(),
+            matches!(where_, Place::Device(range) if !range.mapped) as u32,
+        ),
         // RANGE_START_ADDR, RANGE_SIZE
         11 => put(data.cast::<u64>(), start),
         12 => put(data.cast::<usize>(), bytes as usize),
@@ -556,7 +565,9 @@ pub unsafe extern "C" fn cuMemGetAddressRange_v2(
     address: u64,
 ) -> i32 {
     match place(address) {
-        Place::Device(start, size, _) => {
+        Place::Device(DeviceRange {
+            start, bytes: size, ..
+        }) => {
             put(base, start);
             put(bytes, size as usize);
             code::SUCCESS

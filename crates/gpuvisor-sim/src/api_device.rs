@@ -15,9 +15,10 @@ pub fn driver_version() -> i32 {
 /// Whether the "driver older than its caller" line was printed (once per process).
 static OLDER_SAID: AtomicBool = AtomicBool::new(false);
 
-/// Says once, on stderr, when a caller (the runtime's integrity check, or cuGetProcAddress)
-/// was built for a newer CUDA than the simulated driver: the CUDA 13 runtime then refuses to
-/// start with `cudaErrorInsufficientDriver`, far from the cause.
+/// Says once, on stderr, when the CUDA runtime (its integrity check carries its version) is
+/// newer than the simulated driver, which it may refuse with `cudaErrorInsufficientDriver`, far
+/// from the cause. (cuGetProcAddress's version is not used: libraries built for a newer CUDA,
+/// NCCL among them, ask with it and work.)
 pub fn note_caller_version(version: i32) {
     let driver = driver_version();
     let wanted = version / 10 * 10;

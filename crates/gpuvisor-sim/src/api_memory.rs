@@ -101,18 +101,40 @@ pub extern "C" fn cuMemFree_v2(address: u64) -> i32 {
     }
 }
 
-/// The device a CUmemAllocationProp / CUmemPoolProps names: both start with
+/// Where a CUmemAllocationProp / CUmemPoolProps places memory: both start with
 /// `{int type; int handleTypes; {int locationType; int id} location; ...}`.
-pub unsafe fn prop_device(driver: &Driver, prop: *const c_void) -> Result<usize, i32> {
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Location {
+    /// A device ordinal (CU_MEM_LOCATION_TYPE_DEVICE).
+    Device(usize),
+    /// Host memory (HOST, HOST_NUMA, HOST_NUMA_CURRENT): granularity is answered, allocation
+    /// refused with CUDA_ERROR_NOT_SUPPORTED (NCCL then falls back to /dev/shm, cleanly).
+    Host,
+}
+
+/// The location a CUmemAllocationProp / CUmemPoolProps names.
+pub unsafe fn prop_location(driver: &Driver, prop: *const c_void) -> Result<Location, i32> {
     if prop.is_null() {
         return Err(code::INVALID_VALUE);
     }
     // SAFETY: the caller passes a CUmemAllocationProp/CUmemPoolProps, at least 16 bytes.
     let (location_type, id) = unsafe { (*prop.cast::<i32>().add(2), *prop.cast::<i32>().add(3)) };
-    if location_type != 1 {
-        return Err(code::INVALID_VALUE); // only CU_MEM_LOCATION_TYPE_DEVICE
+    match location_type {
+        1 => driver
+            .device(id)
+            .map(Location::Device)
+            .ok_or(code::INVALID_DEVICE),
+        2..=4 => Ok(Location::Host),
+        _ => Err(code::INVALID_VALUE),
     }
-    driver.device(id).ok_or(code::INVALID_DEVICE)
+}
+
+/// The device a CUmemAllocationProp / CUmemPoolProps names; host locations are not simulated.
+pub unsafe fn prop_device(driver: &Driver, prop: *const c_void) -> Result<usize, i32> {
+    match prop_location(driver, prop)? {
+        Location::Device(ordinal) => Ok(ordinal),
+        Location::Host => Err(code::NOT_SUPPORTED),
+    }
 }
 
 /// cuMemCreate: physical memory, charged at creation.
@@ -157,7 +179,7 @@ pub unsafe extern "C" fn cuMemGetAllocationGranularity(
     prop: *const c_void,
     _option: i32,
 ) -> i32 {
-    with_driver(|driver| match prop_device(driver, prop) {
+    with_driver(|driver| match prop_location(driver, prop) {
         Ok(_) if put(granularity, GRANULARITY as usize) => code::SUCCESS,
         Ok(_) => code::INVALID_VALUE,
         Err(error) => error,

@@ -60,6 +60,20 @@ pub mod code {
     pub const NOT_SUPPORTED: i32 = 801;
 }
 
+/// A range of device memory: an allocation (cuMemAlloc and friends) or a VMM mapping.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceRange {
+    /// Its first address.
+    pub start: u64,
+    /// Its size.
+    pub bytes: u64,
+    /// The device ordinal.
+    pub device: usize,
+    /// A VMM mapping (cuMemMap) rather than an allocation: not legacy-IPC capable, and what
+    /// cuMemRetainAllocationHandle accepts.
+    pub mapped: bool,
+}
+
 /// A stream: its device, creation flags and priority.
 #[derive(Debug, Clone, Copy)]
 pub struct Stream {
@@ -497,11 +511,25 @@ impl Driver {
         self.vmm.known(handle)
     }
 
-    /// The device allocation or mapping holding `address`: (start, bytes, device ordinal).
-    pub fn device_range(&self, address: u64) -> Option<(u64, u64, usize)> {
-        self.vmm
-            .range_of(address)
-            .or_else(|| self.table.and_then(|table| table.range_of(address)))
+    /// The device allocation or mapping holding `address`.
+    pub fn device_range(&self, address: u64) -> Option<DeviceRange> {
+        let mapped = |(start, bytes, device)| DeviceRange {
+            start,
+            bytes,
+            device,
+            mapped: true,
+        };
+        let allocated = |(start, bytes, device)| DeviceRange {
+            start,
+            bytes,
+            device,
+            mapped: false,
+        };
+        self.vmm.range_of(address).map(mapped).or_else(|| {
+            self.table
+                .and_then(|table| table.range_of(address))
+                .map(allocated)
+        })
     }
 
     /// Reserves a range of fake virtual addresses (cuMemAddressReserve); nothing is charged.

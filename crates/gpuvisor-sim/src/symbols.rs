@@ -10,7 +10,7 @@
 use std::ffi::{c_char, c_void, CStr};
 
 use crate::driver::code;
-use crate::{api_device, generated, put, unserved};
+use crate::{generated, put, unserved};
 
 /// The symbol implementing `base` in its variant number `variant` (0 = the plain name):
 /// cuda.h names the n-th revision of an entry point `base_v{n+1}`.
@@ -68,7 +68,6 @@ pub unsafe extern "C" fn cuGetProcAddress_v2(
     }
     // SAFETY: the caller passes a NUL-terminated symbol name.
     let name = unsafe { CStr::from_ptr(symbol) }.to_str().unwrap_or("");
-    api_device::note_caller_version(version);
     match resolve(name, version) {
         Ok(address) => {
             put(function, address);
