@@ -3,7 +3,8 @@
     python multigpu_worker.py jax       # one process, every visible GPU: pmap psum, then a
                                         # data+tensor-parallel jitted grad step on a 4x2 mesh
     python multigpu_worker.py torch     # one rank of `torchrun`: all_reduce, barrier,
-                                        # all_gather over NCCL
+                                        # all_gather over NCCL (collective timeout:
+                                        # $MULTIGPU_TIMEOUT_SECONDS, default 300)
 
 Reports `RESULT {json}` lines. Collectives complete without moving data (kernels are no-ops),
 so nothing here looks at values.
@@ -47,10 +48,15 @@ def jax_checks():
 
 
 def torch_checks():
+    import datetime
+
     import torch
     import torch.distributed as dist
 
-    dist.init_process_group("nccl")
+    # A short collective timeout, so a stalled collective trips ProcessGroupNCCL's watchdog in
+    # seconds (test_multigpu's stall test); healthy runs never come near it.
+    timeout = float(os.environ.get("MULTIGPU_TIMEOUT_SECONDS", "300"))
+    dist.init_process_group("nccl", timeout=datetime.timedelta(seconds=timeout))
     rank = dist.get_rank()
     torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     tensor = torch.ones(1 << 20, device="cuda")

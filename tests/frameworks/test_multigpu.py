@@ -17,7 +17,9 @@ BUDGET = 2 * GIB
 JAX_ARGS = ["--simulate", f"{GPUS}x4GiB", "--gpu", ",".join(map(str, range(GPUS))),
             "--mem-per-process", "2GiB"]
 TORCH_ARGS = ["--simulate", "2x8GiB", "--gpu", "0,1", "--mem-per-process", "4GiB"]
-CLEAN = {"XLA_PYTHON_CLIENT_PREALLOCATE": None, "XLA_PYTHON_CLIENT_MEM_FRACTION": None,
+# Neither a stall nor XLA flags set by the caller reach the runs.
+CLEAN = {"GPUVISOR_SIM_STALL": None, "XLA_PYTHON_CLIENT_PREALLOCATE": None,
+         "XLA_PYTHON_CLIENT_MEM_FRACTION": None,
          "XLA_CLIENT_MEM_FRACTION": None, "JAX_PLATFORMS": None, "CUDA_VISIBLE_DEVICES": None,
          "NCCL_CUMEM_HOST_ENABLE": None}
 
@@ -50,13 +52,31 @@ class TorchrunTwoRanks(FrameworkTest):
     venv = "torch"
     timeout = 300
 
-    def test_nccl_collectives_on_two_ranks(self):
-        """`torchrun --nproc_per_node 2`: init_process_group(nccl), all_reduce, barrier,
-        all_gather, destroy_process_group; each rank on its own GPU within its budget."""
+    def torchrun(self, env=None):
         torchrun = str(Path(self.python).parent / "torchrun")
         argv = [self.bin, "exec", "--json", *TORCH_ARGS, "--", torchrun, "--nproc_per_node",
                 "2", str(HERE / "multigpu_worker.py"), "torch"]
-        run = self.command(argv)
+        return self.command(argv, env=env)
+
+    def test_a_stalled_all_reduce_trips_the_watchdog(self):
+        """GPUVISOR_SIM_STALL makes rank 1's first NCCL all-reduce kernel (on GPU 1) hang, as
+        a stuck collective does on hardware: ProcessGroupNCCL's watchdog reports the timed-out
+        collective on rank 1 while rank 0 goes on; the stall ends after its time limit and the
+        job exits."""
+        run = self.torchrun(env={"GPUVISOR_SIM_STALL": "AllReduce@1",
+                                 "GPUVISOR_SIM_STALL_SECONDS": "12",
+                                 "MULTIGPU_TIMEOUT_SECONDS": "4"})
+        self.assertIn("gpuvisor-sim: stalling `", run.stderr)
+        self.assertIn("ncclDevKernel_AllReduce", run.stderr)
+        self.assertRegex(run.stderr, r"\[rank1\].*Operation timed out after \d+ ms",
+                         "ProcessGroupNCCL's watchdog did not report rank 1's collective")
+        self.assertNotRegex(run.stderr, r"\[rank0\].*Operation timed out",
+                            "rank 0, whose all-reduce was not stalled, timed out")
+
+    def test_nccl_collectives_on_two_ranks(self):
+        """`torchrun --nproc_per_node 2`: init_process_group(nccl), all_reduce, barrier,
+        all_gather, destroy_process_group; each rank on its own GPU within its budget."""
+        run = self.torchrun(env={"GPUVISOR_SIM_STALL": None})
         self.assert_status(run)
         ranks = sorted(run.results(), key=lambda r: r.get("rank", -1))
         ranks = [r for r in ranks if r.get("collectives")]

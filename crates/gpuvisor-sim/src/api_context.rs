@@ -7,7 +7,7 @@ use std::ffi::{c_char, c_void, CStr};
 
 use crate::driver::{code, with_driver, Driver};
 use crate::forklock::ForkLock;
-use crate::{api_pool, config, hostfn, objects, put};
+use crate::{api_pool, config, hostfn, objects, put, stall};
 
 /// The stream priorities a context offers: least 0, greatest -5 (an H100's range).
 const LEAST_PRIORITY: i32 = 0;
@@ -176,6 +176,7 @@ pub extern "C" fn cuCtxSynchronize() -> i32 {
     let result = in_context(|_, _| code::SUCCESS);
     if result == code::SUCCESS {
         hostfn::wait(hostfn::last_ticket());
+        stall::wait_until(stall::all_released());
         api_pool::settle_pools();
     }
     result

@@ -8,8 +8,8 @@
 
 use std::ffi::c_void;
 
-use crate::driver::{code, with_driver};
-use crate::{hostfn, objects, put};
+use crate::driver::{code, query, with_driver};
+use crate::{hostfn, objects, put, stall};
 
 /// CU_EVENT_DISABLE_TIMING.
 const EVENT_DISABLE_TIMING: u32 = 0x2;
@@ -144,6 +144,7 @@ pub unsafe extern "C" fn cuStreamGetCtx_v2(
 pub extern "C" fn cuStreamSynchronize(stream: *mut c_void) -> i32 {
     on_stream(stream, || {
         hostfn::wait(hostfn::last_ticket());
+        stall::wait_until(stall::stream_release(stream as u64));
         crate::api_pool::settle_pools();
         code::SUCCESS
     })
@@ -153,7 +154,7 @@ pub extern "C" fn cuStreamSynchronize(stream: *mut c_void) -> i32 {
 #[no_mangle]
 pub extern "C" fn cuStreamQuery(stream: *mut c_void) -> i32 {
     on_stream(stream, || {
-        if hostfn::done(hostfn::last_ticket()) {
+        if hostfn::done(hostfn::last_ticket()) && stall::stream_release(stream as u64).is_none() {
             code::SUCCESS
         } else {
             code::NOT_READY
@@ -167,6 +168,7 @@ pub extern "C" fn cuStreamWaitEvent(stream: *mut c_void, event: *mut c_void, _fl
     on_stream(stream, || match objects::event(event as u64) {
         Ok(_) => {
             objects::stream_operation(stream as u64);
+            stall::waits_for(stream as u64, event as u64);
             code::SUCCESS
         }
         Err(error) => error,
@@ -187,10 +189,38 @@ pub extern "C" fn cuLaunchHostFunc(
         if objects::capture(stream as u64).is_some() {
             objects::stream_operation(stream as u64);
         } else {
-            hostfn::enqueue(function, data);
+            match stall::stream_release(stream as u64) {
+                // Behind a stalled kernel: it runs when the kernel completes.
+                Some(release) => {
+                    let delayed = Box::new(Delayed {
+                        function,
+                        data: data as usize,
+                        release,
+                    });
+                    hostfn::enqueue(run_delayed, Box::into_raw(delayed).cast());
+                }
+                None => {
+                    hostfn::enqueue(function, data);
+                }
+            }
         }
         code::SUCCESS
     })
+}
+
+/// A host function queued behind a stalled kernel, boxed for the host worker.
+struct Delayed {
+    function: unsafe extern "C" fn(*mut c_void),
+    data: usize,
+    release: std::time::Instant,
+}
+
+unsafe extern "C" fn run_delayed(boxed: *mut c_void) {
+    // SAFETY: made by Box::into_raw in cuLaunchHostFunc, run exactly once.
+    let delayed = unsafe { Box::from_raw(boxed.cast::<Delayed>()) };
+    stall::wait_until(Some(delayed.release));
+    // SAFETY: the caller of cuLaunchHostFunc gave this function for this argument.
+    unsafe { (delayed.function)(delayed.data as *mut c_void) };
 }
 
 /// A stream callback and its arguments, boxed for the host worker.
@@ -320,6 +350,7 @@ pub unsafe extern "C" fn cuEventCreate(event: *mut *mut c_void, flags: u32) -> i
 pub extern "C" fn cuEventRecord(event: *mut c_void, stream: *mut c_void) -> i32 {
     on_stream(stream, || {
         objects::stream_operation(stream as u64);
+        stall::recorded(event as u64, stream as u64);
         objects::record_event(event as u64, hostfn::last_ticket())
     })
 }
@@ -340,6 +371,7 @@ pub extern "C" fn cuEventQuery(event: *mut c_void) -> i32 {
     match objects::event(event as u64) {
         Ok(known) => match known.recorded {
             Some((_, ticket)) if !hostfn::done(ticket) => code::NOT_READY,
+            _ if stall::event_release(event as u64).is_some() => code::NOT_READY,
             _ => code::SUCCESS,
         },
         Err(error) => error,
@@ -354,6 +386,7 @@ pub extern "C" fn cuEventSynchronize(event: *mut c_void) -> i32 {
             if let Some((_, ticket)) = known.recorded {
                 hostfn::wait(ticket);
             }
+            stall::wait_until(stall::event_release(event as u64));
             code::SUCCESS
         }
         Err(error) => error,
@@ -380,6 +413,7 @@ pub unsafe extern "C" fn cuEventElapsedTime(
     start: *mut c_void,
     end: *mut c_void,
 ) -> i32 {
+    let end_handle = end as u64;
     let (start, end) = match (objects::event(start as u64), objects::event(end as u64)) {
         (Ok(start), Ok(end)) => (start, end),
         (Err(error), _) | (_, Err(error)) => return error,
@@ -390,7 +424,7 @@ pub unsafe extern "C" fn cuEventElapsedTime(
     let (Some((started, _)), Some((ended, ticket))) = (start.recorded, end.recorded) else {
         return code::INVALID_HANDLE;
     };
-    if !hostfn::done(ticket) {
+    if !hostfn::done(ticket) || stall::event_release(end_handle).is_some() {
         return code::NOT_READY;
     }
     let elapsed = ended.saturating_duration_since(started).as_secs_f32() * 1000.0;
@@ -431,10 +465,26 @@ pub extern "C" fn cuLaunchKernel(
     if function.is_null() {
         return code::INVALID_HANDLE;
     }
-    on_stream(stream, || {
-        objects::stream_operation(stream as u64);
-        code::SUCCESS
-    })
+    launch(stream, function)
+}
+
+/// A kernel launch on `stream`: a graph node in a capture, and a stall when it is the kernel
+/// `GPUVISOR_SIM_STALL` names.
+fn launch(stream: *mut c_void, function: *mut c_void) -> i32 {
+    let gpu = match query(|driver| {
+        let known = driver.stream(stream as u64)?;
+        Ok(driver.devices[known.device].index)
+    }) {
+        Ok(gpu) => gpu,
+        Err(error) => return error,
+    };
+    objects::stream_operation(stream as u64);
+    if stall::enabled() {
+        if let Some(name) = objects::function_name(function as u64) {
+            stall::launched(stream as u64, &name, gpu);
+        }
+    }
+    code::SUCCESS
 }
 
 /// cuLaunchCooperativeKernel.
@@ -487,10 +537,7 @@ pub unsafe extern "C" fn cuLaunchKernelEx(
     }
     // SAFETY: the caller passes a CUlaunchConfig, which starts with these fields.
     let stream = unsafe { (*config).stream };
-    on_stream(stream, || {
-        objects::stream_operation(stream as u64);
-        code::SUCCESS
-    })
+    launch(stream, function)
 }
 
 // ---- stream capture ----

@@ -45,6 +45,7 @@ pub mod nvml;
 pub mod objects;
 pub mod physical;
 pub mod process;
+pub mod stall;
 pub mod symbols;
 pub mod unserved;
 pub mod vmm;

@@ -173,6 +173,16 @@ pub fn function_info(function: u64) -> Result<(*const std::ffi::c_char, u64), i3
     })
 }
 
+/// A copy of a function's name (for the stall rule, which outlives the lock).
+pub fn function_name(function: u64) -> Option<Vec<u8>> {
+    OBJECTS.with(|objects| {
+        objects
+            .functions
+            .get(&function)
+            .map(|known| known.name.to_bytes().to_vec())
+    })
+}
+
 /// An attribute set on a function, if any.
 pub fn function_attribute(function: u64, attribute: i32) -> Result<Option<i32>, i32> {
     OBJECTS.with(|objects| {
