@@ -2,7 +2,7 @@
 //!
 //! The rules are the table [`RULES`], read top to bottom; each row says when it applies, which
 //! variable it sets (or unsets), the value, and why. The facts behind them are in
-//! `shared/docs/facts.md`; the short version:
+//! `docs/facts.md`; the short version:
 //!
 //! | who | variable | value | why |
 //! |---|---|---|---|
