@@ -100,6 +100,16 @@ class TorchTest(FrameworkTest):
         self.assertTrue(r["captured"])
         self.assertEqual(r["replays"], 3)
 
+    def test_torch_compile(self):
+        """torch.compile: Inductor's Triton kernels are compiled, their launcher built against
+        the simulated driver, loaded and launched."""
+        run = self.exec_worker("torch_worker.py", ["compile"], SIMULATE,
+                               env={"PYTORCH_CUDA_ALLOC_CONF": None, "PYTORCH_ALLOC_CONF": None})
+        r = run.result()
+        self.assertTrue(r["compiled"])
+        self.assertEqual(r["shape"], [1024])
+        self.assertFalse(run.denials_of(r["pid"]))
+
 
 if __name__ == "__main__":
     unittest.main()

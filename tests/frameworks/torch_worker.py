@@ -3,6 +3,7 @@
     python torch_worker.py alloc --chunk-mib 256       # is_available, mem_get_info, fill, OOM
     python torch_worker.py mlp --steps 20               # MLP + Adam training loop (cuBLAS)
     python torch_worker.py graph --replays 3            # torch.cuda.graph capture and replay
+    python torch_worker.py compile                      # torch.compile: Inductor + Triton kernels
 
 Reports `RESULT {json}` lines on stdout; the allocator is whatever PYTORCH_CUDA_ALLOC_CONF says.
 Device memory holds no data on the simulator (reads give zeros): nothing here looks at values.
@@ -142,6 +143,21 @@ def graph(args, torch):
     result(pid=os.getpid(), captured=True, replays=replays)
 
 
+def compile_check(args, torch):
+    # Inductor generates Triton kernels, Triton compiles them (ptxas) and builds its launcher
+    # with the C compiler against the driver, then loads and launches them.
+    @torch.compile
+    def fused(x, y):
+        return (x * y).relu().sum(dim=1)
+
+    x = torch.randn(1024, 1024, device="cuda")
+    y = torch.randn(1024, 1024, device="cuda")
+    out = fused(x, y)
+    torch.cuda.synchronize()
+    result(pid=os.getpid(), compiled=True, shape=list(out.shape),
+           max_allocated=torch.cuda.max_memory_allocated())
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="check", required=True)
@@ -151,12 +167,14 @@ def main():
     p.add_argument("--steps", type=int, default=20)
     p = sub.add_parser("graph")
     p.add_argument("--replays", type=int, default=3)
+    sub.add_parser("compile")
     args = parser.parse_args()
     fwversions.report("torch")
     import torch
 
     print("VERSIONS " + json.dumps({"torch.version.cuda": torch.version.cuda}), flush=True)
-    {"alloc": alloc, "mlp": mlp, "graph": graph}[args.check](args, torch)
+    checks = {"alloc": alloc, "mlp": mlp, "graph": graph, "compile": compile_check}
+    checks[args.check](args, torch)
     result(done=True)
 
 
