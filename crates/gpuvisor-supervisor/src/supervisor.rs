@@ -241,7 +241,10 @@ pub fn supervise(
             .spawn(move || {
                 while let Ok(signal) = signals.wait() {
                     if sender.send(Msg::Signal(signal)).is_err() {
-                        return;
+                        // The job is over and its record written; whatever the process does
+                        // now (waiting on a terminal view, printing its summary) must not
+                        // make it deaf: the signals stay blocked, so this thread ends it.
+                        std::process::exit(128 + signal as i32);
                     }
                 }
             })?;

@@ -187,6 +187,11 @@ impl Run<'_> {
             Msg::Signal(signal) => {
                 self.events
                     .write(&Event::new("signal-received").with("signal", signal.as_str()));
+                // A hang-up after the first signal (the kernel's and the terminal view's for
+                // one lost terminal) is no user insisting: it does not escalate.
+                if signal == Signal::SIGHUP && self.interrupts > 0 {
+                    return;
+                }
                 self.interrupts += 1;
                 self.first_signal.get_or_insert(signal);
                 if self.interrupts == 1 {
