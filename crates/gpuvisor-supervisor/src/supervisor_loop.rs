@@ -454,8 +454,14 @@ impl Run<'_> {
         }
     }
 
-    /// After the last replica: kill and reap stragglers, clean up, record the end.
-    pub(super) fn finish_job(&mut self, receiver: &Receiver<Msg>) {
+    /// After the last replica: kill and reap stragglers, clean up, record the end with the
+    /// job's exit `status`. Returns the status gpuvisor exits with (1 instead of 0 when the
+    /// record is incomplete) and what became of the record.
+    pub(super) fn finish_job(
+        &mut self,
+        receiver: &Receiver<Msg>,
+        status: u8,
+    ) -> (u8, RecordHealth) {
         self.sample_gpu();
         let me = std::process::id() as i32;
         let deadline = Instant::now() + Duration::from_secs(5);
@@ -497,11 +503,30 @@ impl Run<'_> {
                     .with("removed", files),
             );
         }
-        let end = self
+        // The end says the status gpuvisor exits with: the job's (128 + the signal after a
+        // signal), or 1 when events were lost from the record.
+        let waiting = self.events.retry();
+        let health = self.events.health();
+        let incomplete = health.incomplete() || waiting > 0;
+        let status = match status {
+            0 if incomplete => 1,
+            status => status,
+        };
+        let mut end = self
             .job_end
             .take()
-            .unwrap_or_else(|| Event::new("job-end").with("status", 1));
+            .unwrap_or_else(|| Event::new("job-end"))
+            .with("status", status);
+        if incomplete {
+            end = end.with("record_incomplete", true);
+        }
         self.events.write(&end);
+        let health = self.events.close();
+        let status = match status {
+            0 if health.incomplete() => 1,
+            status => status,
+        };
+        (status, health)
     }
 
     pub(super) fn summary_rows(&self) -> Vec<SummaryRow> {
