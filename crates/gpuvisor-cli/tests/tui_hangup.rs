@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-/// The tests share one tmux server (named by this process) and session: one at a time.
+/// One at a time: each runs a job, and the 5 s bound is for one job on a loaded machine.
 static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {

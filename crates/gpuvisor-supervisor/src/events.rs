@@ -168,6 +168,11 @@ struct Inner {
     last_try: Option<Instant>,
     health: RecordHealth,
     reserve: Option<PathBuf>,
+    /// The file is rotated before it would grow past this many bytes.
+    rotate_at: u64,
+    /// Rotated files kept (`events.jsonl.1` ... `.N`).
+    keep_rotated: u32,
+    rotations: u64,
 }
 
 /// The append-only event log of one run.
@@ -216,8 +221,23 @@ impl EventLog {
                 last_try: None,
                 health: RecordHealth::default(),
                 reserve,
+                rotate_at: u64::MAX,
+                keep_rotated: 0,
+                rotations: 0,
             }),
         })
+    }
+
+    /// Rotates the file as the logs are: before it grows past `max_bytes`, `events.jsonl`
+    /// becomes `events.jsonl.1` (`.1` becomes `.2`, ...; the oldest beyond `keep` is
+    /// removed), and the new file starts with a `record-continued` event.
+    pub fn rotating(self, max_bytes: u64, keep: u32) -> EventLog {
+        {
+            let mut inner = self.lock();
+            inner.rotate_at = max_bytes.max(1);
+            inner.keep_rotated = keep;
+        }
+        self
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
@@ -362,8 +382,61 @@ impl Inner {
         }
     }
 
-    /// One line, whole or not at all.
+    /// `events.jsonl` -> `events.jsonl.1` -> ...; a new file begins with `record-continued`.
+    fn rotate(&mut self) -> io::Result<()> {
+        let numbered = |n: u32| PathBuf::from(format!("{}.{n}", self.path.display()));
+        if self.keep_rotated == 0 {
+            std::fs::remove_file(&self.path)?;
+        } else {
+            let _ = std::fs::remove_file(numbered(self.keep_rotated));
+            for n in (1..self.keep_rotated).rev() {
+                let _ = std::fs::rename(numbered(n), numbered(n + 1));
+            }
+            std::fs::rename(&self.path, numbered(1))?;
+        }
+        let file = OpenOptions::new()
+            .append(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&self.path);
+        match file {
+            Ok(file) => {
+                self.file = file;
+                self.len = 0;
+                self.torn = false;
+                self.rotations += 1;
+                let line = Event::new("record-continued")
+                    .with("rotations", self.rotations)
+                    .with("kept", self.keep_rotated)
+                    .to_line(now_unix_ms());
+                // Written even past the size; on a full disk the file starts without it.
+                let _ = self.write_bytes(line.as_bytes());
+                Ok(())
+            }
+            Err(error) => {
+                // Go on in the file renamed away rather than lose events.
+                if self.keep_rotated > 0 {
+                    let _ = std::fs::rename(numbered(1), &self.path);
+                }
+                Err(error)
+            }
+        }
+    }
+
+    /// One line, whole or not at all, into a rotated file if this one is full.
     fn write_whole(&mut self, line: &[u8]) -> io::Result<()> {
+        if self.len > 0
+            && self.len.saturating_add(line.len() as u64) > self.rotate_at
+            && self.rotate().is_err()
+        {
+            // Cannot rotate here (renaming or creating failed): the file grows instead.
+            self.rotate_at = u64::MAX;
+        }
+        self.write_bytes(line)
+    }
+
+    /// One line, whole or not at all.
+    fn write_bytes(&mut self, line: &[u8]) -> io::Result<()> {
         let mut bytes = Vec::with_capacity(line.len() + 1);
         if self.torn {
             bytes.push(b'\n');
@@ -418,18 +491,71 @@ impl Inner {
     }
 }
 
-/// Reads every complete event of an `events.jsonl` as JSON objects. A torn last line (the
-/// supervisor killed mid-write) is skipped.
-pub fn read_events(path: &Path) -> io::Result<Vec<Map<String, Value>>> {
-    let reader = BufReader::new(File::open(path)?);
-    let mut events = Vec::new();
-    for line in reader.lines() {
-        let line = line?;
-        if let Ok(Value::Object(object)) = serde_json::from_str::<Value>(&line) {
-            events.push(object);
+/// The files of an event log, oldest first: its rotated files (`events.jsonl.N` ...
+/// `events.jsonl.1`), then `path` itself.
+pub fn event_files(path: &Path) -> Vec<PathBuf> {
+    let numbered = |n: u32| PathBuf::from(format!("{}.{n}", path.display()));
+    let mut files: Vec<PathBuf> = (1..)
+        .map(numbered)
+        .take_while(|file| file.is_file())
+        .collect();
+    files.reverse();
+    files.push(path.to_path_buf());
+    files
+}
+
+/// What reading an event log found besides its events.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RecordRead {
+    /// The events, oldest first (across rotated files).
+    pub events: Vec<Map<String, Value>>,
+    /// Lines that are not events, as `file:line` (a torn last line: the writer was killed
+    /// mid-write, or an old gpuvisor ran out of disk).
+    pub skipped: Vec<String>,
+}
+
+impl RecordRead {
+    /// A note for the reader when lines were skipped, else None.
+    pub fn note(&self) -> Option<String> {
+        match self.skipped.as_slice() {
+            [] => None,
+            [one] => Some(format!(
+                "note: skipped a line of the record that is not a whole event ({one}); the events before it are shown"
+            )),
+            [first, ..] => Some(format!(
+                "note: skipped {} lines of the record that are not whole events (first: {first})",
+                self.skipped.len()
+            )),
         }
     }
-    Ok(events)
+}
+
+/// Reads every complete event of an event log (its rotated files first) as JSON objects;
+/// lines that are not events (a torn last line) are skipped and named in the result.
+pub fn read_record(path: &Path) -> io::Result<RecordRead> {
+    let mut read = RecordRead::default();
+    for file in event_files(path) {
+        let reader = BufReader::new(File::open(&file)?);
+        for (number, line) in reader.split(b'\n').enumerate() {
+            let line = line?;
+            if line.is_empty() {
+                continue;
+            }
+            match serde_json::from_slice::<Value>(&line) {
+                Ok(Value::Object(object)) => read.events.push(object),
+                _ => read
+                    .skipped
+                    .push(format!("{}:{}", file.display(), number + 1)),
+            }
+        }
+    }
+    Ok(read)
+}
+
+/// Reads every complete event of an event log (its rotated files first) as JSON objects. A
+/// torn last line (the supervisor killed mid-write) is skipped; [`read_record`] says so.
+pub fn read_events(path: &Path) -> io::Result<Vec<Map<String, Value>>> {
+    Ok(read_record(path)?.events)
 }
 
 #[cfg(test)]
@@ -461,10 +587,137 @@ mod tests {
     }
 
     #[test]
-    fn a_torn_last_line_is_skipped() {
+    fn a_torn_last_line_is_skipped_with_a_note() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("events.jsonl");
         std::fs::write(&path, "{\"t\":\"x\",\"kind\":\"start\"}\n{\"t\":\"x\",\"ki").unwrap();
         assert_eq!(read_events(&path).unwrap().len(), 1);
+        let read = read_record(&path).unwrap();
+        assert_eq!(read.skipped, [format!("{}:2", path.display())]);
+        assert!(read.note().unwrap().contains("events.jsonl:2"), "{read:?}");
+    }
+
+    fn kinds(path: &Path) -> Vec<String> {
+        read_events(path)
+            .unwrap()
+            .iter()
+            .map(|event| event["kind"].as_str().unwrap().to_string())
+            .collect()
+    }
+
+    #[test]
+    fn an_unwritable_log_holds_events_says_it_once_and_writes_them_late_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("events.jsonl");
+        let log = EventLog::create(&path).unwrap();
+        assert!(dir.path().join(RESERVE_NAME).is_file());
+        log.write(&Event::new("job-start"));
+        // /dev/full: every write fails with ENOSPC.
+        let real = std::mem::replace(
+            &mut log.lock().file,
+            OpenOptions::new().append(true).open("/dev/full").unwrap(),
+        );
+        for life in 0..3 {
+            log.write(&Event::new("start").with("life", life));
+        }
+        let health = log.health();
+        assert_eq!(health.failed_writes, 1, "retried at most every 500 ms");
+        assert!(health.error.unwrap().contains("No space left"));
+        assert_eq!(log.retry(), 3);
+        log.lock().file = real;
+        assert_eq!(log.retry(), 0);
+        log.write(&Event::new("job-end"));
+        let health = log.close();
+        assert_eq!(health.written_late, 3);
+        assert!(!health.incomplete());
+        assert_eq!(
+            kinds(&path),
+            [
+                "job-start",
+                "start",
+                "start",
+                "start",
+                "record-gap",
+                "job-end"
+            ]
+        );
+        assert!(health
+            .summary_line(&path)
+            .unwrap()
+            .contains("3 events reached"));
+        assert!(!dir.path().join(RESERVE_NAME).exists());
+    }
+
+    #[test]
+    fn events_still_unwritten_at_close_are_counted_lost() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("events.jsonl");
+        let log = EventLog::create(&path).unwrap();
+        log.lock().file = OpenOptions::new().append(true).open("/dev/full").unwrap();
+        log.write(&Event::new("start"));
+        log.write(&Event::new("job-end").with("status", 0));
+        let health = log.close();
+        assert_eq!(health.lost, 2);
+        assert!(health.end_lost);
+        let line = health.summary_line(&path).unwrap();
+        assert!(
+            line.starts_with("record incomplete: 2 events are missing"),
+            "{line}"
+        );
+        assert!(line.contains("job-end among them"), "{line}");
+    }
+
+    #[test]
+    fn a_torn_line_that_could_not_be_cut_back_stays_on_a_line_of_its_own() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("events.jsonl");
+        let log = EventLog::create(&path).unwrap();
+        log.write(&Event::new("job-start"));
+        {
+            // As a short write whose cut-back (ftruncate) failed leaves it.
+            let mut inner = log.lock();
+            inner.file.write_all(b"{\"t\":\"x\",\"ki").unwrap();
+            inner.torn = true;
+        }
+        log.write(&Event::new("exit"));
+        assert_eq!(kinds(&path), ["job-start", "exit"]);
+        assert_eq!(read_record(&path).unwrap().skipped.len(), 1);
+    }
+
+    #[test]
+    fn the_log_rotates_and_is_read_back_across_its_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("events.jsonl");
+        let log = EventLog::create(&path).unwrap().rotating(400, 2);
+        for life in 0..20 {
+            log.write(&Event::new("start").with("life", life));
+        }
+        log.close();
+        assert!(dir.path().join("events.jsonl.1").is_file());
+        assert!(dir.path().join("events.jsonl.2").is_file());
+        assert!(!dir.path().join("events.jsonl.3").exists(), "two are kept");
+        for file in event_files(&path) {
+            assert!(
+                std::fs::metadata(&file).unwrap().len() <= 400 + 100,
+                "{file:?}"
+            );
+            assert!(
+                kinds(&file).is_empty() || std::fs::read_to_string(&file).unwrap().starts_with("{")
+            );
+        }
+        let events = read_events(&path).unwrap();
+        let lives: Vec<u64> = events
+            .iter()
+            .filter_map(|event| event.get("life").and_then(Value::as_u64))
+            .collect();
+        assert_eq!(lives.last(), Some(&19));
+        assert!(
+            lives.windows(2).all(|pair| pair[1] == pair[0] + 1),
+            "in order: {lives:?}"
+        );
+        assert_eq!(
+            events[0]["kind"], "record-continued",
+            "the oldest file was removed"
+        );
     }
 }

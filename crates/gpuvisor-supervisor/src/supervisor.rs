@@ -126,9 +126,9 @@ pub struct Options {
     pub keeper: Option<Vec<OsString>>,
     /// Copy output to the terminal.
     pub terminal: bool,
-    /// Rotate a log file past this size.
+    /// Rotate a log file (and `events.jsonl`) past this size.
     pub max_log_bytes: u64,
-    /// Rotated log files kept.
+    /// Rotated log files kept (and rotated event files).
     pub keep_rotated: u32,
     /// Where shared-memory leftovers are looked for.
     pub shm_dir: PathBuf,
@@ -236,7 +236,8 @@ pub fn supervise(
     signals.thread_block()?;
     // Orphans anywhere below us come to us, to be killed and reaped, not to init.
     prctl::set_child_subreaper(true)?;
-    let events = EventLog::create(&run_dir.events_path())?;
+    let events = EventLog::create(&run_dir.events_path())?
+        .rotating(options.max_log_bytes, options.keep_rotated);
     let (sender, receiver) = mpsc::channel::<Msg>();
     {
         let sender = sender.clone();

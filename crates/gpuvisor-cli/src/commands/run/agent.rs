@@ -449,6 +449,8 @@ fn to_head(events: &Path, socket: &Path, sender: &SharedSender, done: &AtomicBoo
 struct EventTail {
     path: PathBuf,
     offset: u64,
+    /// The inode read last (0 before the first read): another one means a rotation.
+    inode: u64,
     partial: Vec<u8>,
 }
 
@@ -457,15 +459,31 @@ impl EventTail {
         EventTail {
             path,
             offset: 0,
+            inode: 0,
             partial: Vec::new(),
         }
     }
 
     fn new_lines(&mut self) -> Vec<String> {
         use std::io::{Read, Seek, SeekFrom};
+        use std::os::unix::fs::MetadataExt;
         let Ok(mut file) = std::fs::File::open(&self.path) else {
             return Vec::new();
         };
+        let inode = file.metadata().map(|meta| meta.ino()).unwrap_or(0);
+        if self.inode != 0 && inode != self.inode {
+            // The log was rotated (EventLog::rotating): first the rest of the old file.
+            let rotated = PathBuf::from(format!("{}.1", self.path.display()));
+            if let Ok(mut old) = std::fs::File::open(&rotated) {
+                if old.metadata().is_ok_and(|meta| meta.ino() == self.inode)
+                    && old.seek(SeekFrom::Start(self.offset)).is_ok()
+                {
+                    let _ = old.read_to_end(&mut self.partial);
+                }
+            }
+            self.offset = 0;
+        }
+        self.inode = inode;
         if file.seek(SeekFrom::Start(self.offset)).is_err() {
             return Vec::new();
         }
