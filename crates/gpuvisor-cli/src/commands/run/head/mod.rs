@@ -145,7 +145,10 @@ pub fn head(args: &RunArgs, job: JobSpec, allocation: Allocation) -> Result<Exit
             .spawn(move || {
                 while let Ok(signal) = signals.wait() {
                     if inputs.send(Input::Signal(signal)).is_err() {
-                        return;
+                        // The head's loop is over; the signals stay blocked, so this thread
+                        // ends the process (SIGTERM must never be ignored), as the
+                        // supervisor's does.
+                        std::process::exit(128 + signal as i32);
                     }
                 }
             })?;
