@@ -56,10 +56,31 @@ pub fn wait_for_keys(fd: BorrowedFd<'_>, timeout: Duration) -> Wait {
     }
 }
 
-/// [`wait_for_keys`] on standard input.
-pub fn wait_for_stdin(timeout: Duration) -> Wait {
-    let stdin = io::stdin();
-    wait_for_keys(stdin.as_fd(), timeout)
+/// Where keys come from: standard input when it is a terminal, else `/dev/tty` (as
+/// crossterm does, so `top < /dev/null` still reads keys).
+#[derive(Debug)]
+pub struct KeySource {
+    tty: Option<std::fs::File>,
+}
+
+impl KeySource {
+    /// Standard input, or the controlling terminal when standard input is not one.
+    pub fn open() -> io::Result<KeySource> {
+        use std::io::IsTerminal;
+        if io::stdin().is_terminal() {
+            return Ok(KeySource { tty: None });
+        }
+        let tty = std::fs::File::open("/dev/tty")?;
+        Ok(KeySource { tty: Some(tty) })
+    }
+
+    /// [`wait_for_keys`] on this source.
+    pub fn wait(&self, timeout: Duration) -> Wait {
+        match &self.tty {
+            Some(tty) => wait_for_keys(tty.as_fd(), timeout),
+            None => wait_for_keys(io::stdin().as_fd(), timeout),
+        }
+    }
 }
 
 /// The keys in one read of terminal input (raw mode): printable characters, Enter, Ctrl-C,

@@ -16,7 +16,7 @@ use ratatui::prelude::CrosstermBackend;
 use ratatui::Terminal;
 
 use super::app::{handle_key, Action, TopApp};
-use super::input::{wait_for_stdin, Wait};
+use super::input::{KeySource, Wait};
 use super::render::{render, render_to_text};
 use super::source::TopSource;
 
@@ -133,6 +133,7 @@ pub fn run_interactive(source: &mut dyn TopSource, options: &LoopOptions) -> io:
         }
     };
     let color = color_supported();
+    let input = KeySource::open()?;
     enable_raw_mode()?;
     let _restore = Restore;
     if let Err(error) = execute!(io::stdout(), EnterAlternateScreen) {
@@ -174,7 +175,7 @@ pub fn run_interactive(source: &mut dyn TopSource, options: &LoopOptions) -> io:
         let wait = next_poll
             .saturating_duration_since(Instant::now())
             .min(Duration::from_millis(100));
-        let keys = match wait_for_stdin(wait) {
+        let keys = match input.wait(wait) {
             Wait::Timeout => continue,
             Wait::Gone(why) => return Ok(LoopEnd::TerminalGone(why)),
             Wait::Keys(keys) => keys,
