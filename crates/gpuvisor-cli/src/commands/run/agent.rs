@@ -540,4 +540,31 @@ mod tests {
         assert_eq!(tail.new_lines(), vec!["{\"b\":2}".to_string()]);
         assert!(tail.new_lines().is_empty());
     }
+
+    #[test]
+    fn the_tail_follows_a_rotation_without_losing_the_old_file_s_end() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("events.jsonl");
+        let log = gpuvisor_supervisor::events::EventLog::create(&path)
+            .unwrap()
+            .rotating(200, 2);
+        let mut tail = EventTail::new(path.clone());
+        let write = |life: u64| {
+            log.write(&gpuvisor_supervisor::events::Event::new("start").with("life", life));
+        };
+        write(0);
+        let mut lines = tail.new_lines();
+        // Unread lines in the old file when it is rotated, and more in the new one.
+        for life in 1..4 {
+            write(life);
+        }
+        assert!(dir.path().join("events.jsonl.1").is_file());
+        lines.extend(tail.new_lines());
+        let lives: Vec<u64> = lines
+            .iter()
+            .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+            .filter_map(|event| event["life"].as_u64())
+            .collect();
+        assert_eq!(lives, [0, 1, 2, 3], "{lines:?}");
+    }
 }
