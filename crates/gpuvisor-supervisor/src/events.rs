@@ -268,6 +268,18 @@ impl EventLog {
         self.lock().health.clone()
     }
 
+    /// Writes what waits in memory if a retry is due (at most every 500 ms): for a quiet job,
+    /// whose events would otherwise wait for the next event once space is back.
+    pub fn retry_if_due(&self) {
+        let mut inner = self.lock();
+        let due = inner
+            .last_try
+            .is_none_or(|last| last.elapsed() >= RETRY_EVERY);
+        if !inner.pending.is_empty() && due {
+            inner.flush();
+        }
+    }
+
     /// Tries now to write what waits in memory; returns how many events still wait.
     pub fn retry(&self) -> usize {
         let mut inner = self.lock();
@@ -625,7 +637,9 @@ mod tests {
         assert!(health.error.unwrap().contains("No space left"));
         assert_eq!(log.retry(), 3);
         log.lock().file = real;
-        assert_eq!(log.retry(), 0);
+        log.lock().last_try = Some(Instant::now() - RETRY_EVERY);
+        log.retry_if_due();
+        assert_eq!(log.retry(), 0, "written by the periodic retry");
         log.write(&Event::new("job-end"));
         let health = log.close();
         assert_eq!(health.written_late, 3);

@@ -48,6 +48,7 @@ impl Run<'_> {
                 }
                 self.sample_gpu();
                 self.tick_sampler(&mut inputs);
+                self.events.retry_if_due();
             }
             inputs.push(Input::Tick);
         }

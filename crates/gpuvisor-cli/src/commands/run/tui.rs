@@ -93,9 +93,9 @@ impl Tui {
                         note(&format!(
                             "gpuvisor: the terminal went away ({why}); stopping the job as on SIGHUP"
                         ));
-                        // The supervisor's signal thread takes it (a second SIGHUP, from the
-                        // kernel, does not escalate to SIGKILL).
-                        // To the process, not this thread (which blocks it).
+                        // To the process, not this thread (which blocks it): the supervisor's
+                        // signal thread takes it (a second SIGHUP, the kernel's, does not
+                        // escalate to SIGKILL).
                         let _ = nix::sys::signal::kill(nix::unistd::getpid(), Signal::SIGHUP);
                     }
                     Err(error) => {
