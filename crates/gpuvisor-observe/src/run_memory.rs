@@ -380,6 +380,7 @@ mod tests {
             plan,
             events,
             samples: Some(samples),
+            skipped: Vec::new(),
         };
         let series = MemorySeries::of(&record);
         let names: Vec<&str> = series.gpus.iter().map(|gpu| gpu.name.as_str()).collect();

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
-use gpuvisor_supervisor::events::read_events;
+use gpuvisor_supervisor::events::{read_record, RecordRead};
 use gpuvisor_supervisor::samples::{read_samples, Header, Record};
 
 /// Why a run directory cannot be read.
@@ -170,6 +170,9 @@ pub struct RunRecord {
     pub events: Vec<RunEvent>,
     /// Its samples, when it has any.
     pub samples: Option<RunSamples>,
+    /// Lines of `events.jsonl` that are not whole events (`file:line`), skipped: a torn
+    /// last line when the supervisor was killed mid-write.
+    pub skipped: Vec<String>,
 }
 
 impl RunRecord {
@@ -187,11 +190,16 @@ impl RunRecord {
                 reason: error.to_string(),
             })?;
         let events_path = dir.join("events.jsonl");
-        let raw = read_events(&events_path).map_err(|source| RunRecordError::Unreadable {
+        let read = read_record(&events_path).map_err(|source| RunRecordError::Unreadable {
             path: events_path,
             source,
         })?;
-        let events = raw.into_iter().filter_map(RunEvent::from_fields).collect();
+        let skipped = read.skipped;
+        let events = read
+            .events
+            .into_iter()
+            .filter_map(RunEvent::from_fields)
+            .collect();
         // Samples are optional: an older run, or one stopped before the first tick, has none.
         let samples = read_samples(&dir.join("samples"))
             .ok()
@@ -202,7 +210,17 @@ impl RunRecord {
             plan,
             events,
             samples,
+            skipped,
         })
+    }
+
+    /// A note when lines of the record were skipped (see [`RunRecord::skipped`]).
+    pub fn note(&self) -> Option<String> {
+        RecordRead {
+            events: Vec::new(),
+            skipped: self.skipped.clone(),
+        }
+        .note()
     }
 
     /// Whether a run directory: it has both files the record needs.

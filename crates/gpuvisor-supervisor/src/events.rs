@@ -1,16 +1,19 @@
 //! The event log, `events.jsonl`: one JSON object per line, appended and written through to the
 //! kernel at once (one `write` per event, no user-space buffer), so the record stays complete
-//! and readable when gpuvisor itself is killed.
+//! and readable when gpuvisor itself is killed. A line is never torn by a full disk: see
+//! [`EventLog`] for what happens when the file cannot be written.
 //!
 //! Every object has `t` (RFC 3339 UTC, milliseconds) and `kind`; the other fields depend on the
 //! kind (docs/supervisor.md lists them): `start`, `ready`, `exit`, `restart`, `crash-loop`,
 //! `failed`, `stop`, `signal`, `denial`, `violation`, `clean-up`, `job-start`, `job-end`, ...
 
+use std::collections::VecDeque;
 use std::fs::{File, OpenOptions};
 use std::io::{self, BufRead, BufReader, Write};
 use std::os::unix::fs::OpenOptionsExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use serde_json::{Map, Value};
 
@@ -64,69 +67,507 @@ impl Event {
     }
 }
 
+/// Bytes of pending lines kept in memory while the log cannot be written; beyond it the
+/// oldest lines of routine kinds ([`ESSENTIAL`] excepted) are given up, and counted.
+const PENDING_CAP_BYTES: usize = 4 << 20;
+/// Retries of a failing log at most this often (every event retries otherwise).
+const RETRY_EVERY: Duration = Duration::from_millis(500);
+/// The space set aside in the run directory for the end of the record: freed at close when
+/// the disk is still full, so `job-end` and the events that matter get written.
+const RESERVE_BYTES: usize = 64 << 10;
+/// The reserve's name in the run directory (removed at close; left only by a killed
+/// supervisor).
+pub const RESERVE_NAME: &str = ".events-reserve";
+/// Kinds never given up for memory while the log cannot be written.
+const ESSENTIAL: &[&str] = &[
+    "job-start",
+    "job-end",
+    "failed",
+    "crash-loop",
+    "blocked",
+    "signal-received",
+    "control",
+    "clean-up",
+    "violation",
+    "record-gap",
+];
+
+/// What became of the record: all zero when every event reached the file in time.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RecordHealth {
+    /// Failed write attempts.
+    pub failed_writes: u64,
+    /// The first error, in words.
+    pub error: Option<String>,
+    /// Events written late (held in memory while the log could not be written).
+    pub written_late: u64,
+    /// Events given up: dropped to bound memory, or still unwritten at close.
+    pub lost: u64,
+    /// Whether `job-end` is among the lost.
+    pub end_lost: bool,
+}
+
+impl RecordHealth {
+    /// Whether events are missing from `events.jsonl`.
+    pub fn incomplete(&self) -> bool {
+        self.lost > 0
+    }
+
+    /// One line for the summary when something went wrong with the record, else None.
+    pub fn summary_line(&self, path: &Path) -> Option<String> {
+        let error = self.error.as_deref().unwrap_or("unknown error");
+        if self.incomplete() {
+            Some(format!(
+                "record incomplete: {} event{} missing from {}{} ({error}; {} failed write{})",
+                self.lost,
+                if self.lost == 1 { " is" } else { "s are" },
+                path.display(),
+                if self.end_lost {
+                    ", job-end among them"
+                } else {
+                    ""
+                },
+                self.failed_writes,
+                if self.failed_writes == 1 { "" } else { "s" },
+            ))
+        } else if self.failed_writes > 0 {
+            Some(format!(
+                "record complete, but {} event{} reached {} late ({error}; {} failed write{})",
+                self.written_late,
+                if self.written_late == 1 { "" } else { "s" },
+                path.display(),
+                self.failed_writes,
+                if self.failed_writes == 1 { "" } else { "s" },
+            ))
+        } else {
+            None
+        }
+    }
+}
+
+/// A line waiting in memory.
+#[derive(Debug)]
+struct Pending {
+    line: String,
+    essential: bool,
+    end: bool,
+}
+
+#[derive(Debug)]
+struct Inner {
+    file: File,
+    path: PathBuf,
+    /// Bytes of whole lines in the file (what a torn write is cut back to).
+    len: u64,
+    /// A torn write could not be cut back: the next line starts with a newline.
+    torn: bool,
+    /// Writes fail (since the last time every pending line was written).
+    failing: bool,
+    pending: VecDeque<Pending>,
+    pending_bytes: usize,
+    last_try: Option<Instant>,
+    health: RecordHealth,
+    reserve: Option<PathBuf>,
+    /// The file is rotated before it would grow past this many bytes.
+    rotate_at: u64,
+    /// Rotated files kept (`events.jsonl.1` ... `.N`).
+    keep_rotated: u32,
+    rotations: u64,
+}
+
 /// The append-only event log of one run.
+///
+/// A line is written whole or not at all: a short write (a full disk) is cut back to the
+/// last whole line. While the file cannot be written, events wait in memory (bounded:
+/// routine kinds are given up first, and counted) and are written, in order, as soon as a
+/// later write succeeds or at [`EventLog::close`]; the failure is said once on stderr, then
+/// counted in [`RecordHealth`], which the summary and exit status report.
 #[derive(Debug)]
 pub struct EventLog {
-    file: Mutex<File>,
+    inner: Mutex<Inner>,
 }
 
 impl EventLog {
     /// Creates `path` (owner-only); fails if it exists, so two supervisors never share a log.
+    /// Sets aside a little space next to it for the end of the record ([`RESERVE_NAME`]).
     pub fn create(path: &Path) -> io::Result<EventLog> {
         let file = OpenOptions::new()
             .append(true)
             .create_new(true)
             .mode(0o600)
             .open(path)?;
+        let reserve = path.parent().map(|dir| dir.join(RESERVE_NAME));
+        let reserve = reserve.filter(|reserve| {
+            let made = OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(reserve)
+                .and_then(|mut file| file.write_all(&[0u8; RESERVE_BYTES]));
+            if made.is_err() {
+                let _ = std::fs::remove_file(reserve);
+            }
+            made.is_ok()
+        });
         Ok(EventLog {
-            file: Mutex::new(file),
+            inner: Mutex::new(Inner {
+                file,
+                path: path.to_path_buf(),
+                len: 0,
+                torn: false,
+                failing: false,
+                pending: VecDeque::new(),
+                pending_bytes: 0,
+                last_try: None,
+                health: RecordHealth::default(),
+                reserve,
+                rotate_at: u64::MAX,
+                keep_rotated: 0,
+                rotations: 0,
+            }),
         })
     }
 
-    /// Appends `event` stamped now. A failed write is reported on stderr once per event and
-    /// otherwise ignored: losing the record must not stop the job.
+    /// Rotates the file as the logs are: before it grows past `max_bytes`, `events.jsonl`
+    /// becomes `events.jsonl.1` (`.1` becomes `.2`, ...; the oldest beyond `keep` is
+    /// removed), and the new file starts with a `record-continued` event.
+    pub fn rotating(self, max_bytes: u64, keep: u32) -> EventLog {
+        {
+            let mut inner = self.lock();
+            inner.rotate_at = max_bytes.max(1);
+            inner.keep_rotated = keep;
+        }
+        self
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner())
+    }
+
+    /// Appends `event` stamped now. A failed write never stops the job: the event waits in
+    /// memory (see [`EventLog`]).
     pub fn write(&self, event: &Event) {
         let line = event.to_line(now_unix_ms());
-        let mut file = self
-            .file
-            .lock()
-            .unwrap_or_else(|poison| poison.into_inner());
-        // One write_all of the whole line: with O_APPEND a line is never interleaved.
-        if let Err(error) = file.write_all(line.as_bytes()) {
-            eprintln!("gpuvisor: cannot write the event log: {error}");
-        }
+        let essential = ESSENTIAL.contains(&event.kind.as_str());
+        self.lock().push(line, essential, event.kind == "job-end");
     }
-}
 
-impl EventLog {
     /// Appends a line written elsewhere (another node's event, already stamped), adding its
     /// newline. Same guarantees as [`EventLog::write`].
     pub fn append_line(&self, line: &str) {
+        let essential = ESSENTIAL
+            .iter()
+            .any(|kind| line.contains(&format!("\"kind\":\"{kind}\"")));
+        self.lock().push(format!("{line}\n"), essential, false);
+    }
+
+    /// What became of the record so far.
+    pub fn health(&self) -> RecordHealth {
+        self.lock().health.clone()
+    }
+
+    /// Writes what waits in memory if a retry is due (at most every 500 ms): for a quiet job,
+    /// whose events would otherwise wait for the next event once space is back.
+    pub fn retry_if_due(&self) {
+        let mut inner = self.lock();
+        let due = inner
+            .last_try
+            .is_none_or(|last| last.elapsed() >= RETRY_EVERY);
+        if !inner.pending.is_empty() && due {
+            inner.flush();
+        }
+    }
+
+    /// Tries now to write what waits in memory; returns how many events still wait.
+    pub fn retry(&self) -> usize {
+        let mut inner = self.lock();
+        if !inner.pending.is_empty() {
+            inner.flush();
+        }
+        inner.pending.len()
+    }
+
+    /// Writes what waits in memory, freeing the reserve if the disk is still full, and
+    /// returns what became of the record (for the summary). Call it once, after the last
+    /// event.
+    pub fn close(&self) -> RecordHealth {
+        let mut inner = self.lock();
+        inner.flush();
+        if !inner.pending.is_empty() {
+            if let Some(reserve) = inner.reserve.take() {
+                let _ = std::fs::remove_file(reserve);
+                // What matters first: the oldest routine lines are given up until the rest
+                // fits in the space freed (with room to spare for other writers).
+                inner.drop_routine(RESERVE_BYTES / 2);
+                inner.flush();
+                if !inner.pending.is_empty() {
+                    inner.drop_routine(0);
+                    inner.flush();
+                }
+            }
+        }
+        if let Some(reserve) = inner.reserve.take() {
+            let _ = std::fs::remove_file(reserve);
+        }
+        let unwritten = inner.pending.len() as u64;
+        inner.health.lost += unwritten;
+        inner.health.end_lost |= inner.pending.iter().any(|pending| pending.end);
+        inner.pending.clear();
+        inner.pending_bytes = 0;
+        inner.health.clone()
+    }
+}
+
+impl Inner {
+    fn push(&mut self, line: String, essential: bool, end: bool) {
+        self.pending_bytes += line.len();
+        self.pending.push_back(Pending {
+            line,
+            essential,
+            end,
+        });
+        if self.pending.len() > 1 {
+            // Already failing: retry now and then, not at every event.
+            let due = self
+                .last_try
+                .is_none_or(|last| last.elapsed() >= RETRY_EVERY);
+            if due {
+                self.flush();
+            }
+            if self.pending_bytes > PENDING_CAP_BYTES {
+                self.drop_routine(PENDING_CAP_BYTES);
+            }
+        } else {
+            self.flush();
+        }
+    }
+
+    /// Writes pending lines in order until one fails.
+    fn flush(&mut self) {
+        self.last_try = Some(Instant::now());
+        let mut written = 0u64;
+        while let Some(front) = self.pending.front() {
+            let line = front.line.clone();
+            match self.write_whole(line.as_bytes()) {
+                Ok(()) => {
+                    let done = self.pending.pop_front().map(|pending| pending.line.len());
+                    self.pending_bytes -= done.unwrap_or(0);
+                    written += 1;
+                }
+                Err(error) => {
+                    self.failing = true;
+                    self.health.failed_writes += 1;
+                    if self.health.error.is_none() {
+                        self.health.error = Some(error.to_string());
+                        let _ = writeln!(
+                            io::stderr(),
+                            "gpuvisor: cannot write the event log {}: {error}; events wait in memory until it can be written (said once: the summary gives the count)",
+                            self.path.display()
+                        );
+                    }
+                    break;
+                }
+            }
+        }
+        if self.failing {
+            self.health.written_late += written;
+            if self.pending.is_empty() {
+                self.failing = false;
+                self.note_gap();
+            }
+        }
+    }
+
+    /// After a failing spell: a `record-gap` event saying what was late and what was lost.
+    fn note_gap(&mut self) {
+        let health = &self.health;
+        let line = Event::new("record-gap")
+            .with("error", health.error.clone().unwrap_or_default())
+            .with("failed_writes", health.failed_writes)
+            .with("written_late", health.written_late)
+            .with("lost", health.lost)
+            .to_line(now_unix_ms());
+        if self.write_whole(line.as_bytes()).is_err() {
+            self.health.failed_writes += 1;
+        }
+    }
+
+    /// `events.jsonl` -> `events.jsonl.1` -> ...; a new file begins with `record-continued`.
+    fn rotate(&mut self) -> io::Result<()> {
+        let numbered = |n: u32| PathBuf::from(format!("{}.{n}", self.path.display()));
+        if self.keep_rotated == 0 {
+            std::fs::remove_file(&self.path)?;
+        } else {
+            let _ = std::fs::remove_file(numbered(self.keep_rotated));
+            for n in (1..self.keep_rotated).rev() {
+                let _ = std::fs::rename(numbered(n), numbered(n + 1));
+            }
+            std::fs::rename(&self.path, numbered(1))?;
+        }
+        let file = OpenOptions::new()
+            .append(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&self.path);
+        match file {
+            Ok(file) => {
+                self.file = file;
+                self.len = 0;
+                self.torn = false;
+                self.rotations += 1;
+                let line = Event::new("record-continued")
+                    .with("rotations", self.rotations)
+                    .with("kept", self.keep_rotated)
+                    .to_line(now_unix_ms());
+                // Written even past the size; on a full disk the file starts without it.
+                let _ = self.write_bytes(line.as_bytes());
+                Ok(())
+            }
+            Err(error) => {
+                // Go on in the file renamed away rather than lose events.
+                if self.keep_rotated > 0 {
+                    let _ = std::fs::rename(numbered(1), &self.path);
+                }
+                Err(error)
+            }
+        }
+    }
+
+    /// One line, whole or not at all, into a rotated file if this one is full.
+    fn write_whole(&mut self, line: &[u8]) -> io::Result<()> {
+        if self.len > 0
+            && self.len.saturating_add(line.len() as u64) > self.rotate_at
+            && self.rotate().is_err()
+        {
+            // Cannot rotate here (renaming or creating failed): the file grows instead.
+            self.rotate_at = u64::MAX;
+        }
+        self.write_bytes(line)
+    }
+
+    /// One line, whole or not at all.
+    fn write_bytes(&mut self, line: &[u8]) -> io::Result<()> {
         let mut bytes = Vec::with_capacity(line.len() + 1);
-        bytes.extend_from_slice(line.as_bytes());
-        bytes.push(b'\n');
-        let mut file = self
-            .file
-            .lock()
-            .unwrap_or_else(|poison| poison.into_inner());
-        if let Err(error) = file.write_all(&bytes) {
-            eprintln!("gpuvisor: cannot write the event log: {error}");
+        if self.torn {
+            bytes.push(b'\n');
+        }
+        bytes.extend_from_slice(line);
+        let mut done = 0;
+        let result = loop {
+            if done == bytes.len() {
+                break Ok(());
+            }
+            match self.file.write(&bytes[done..]) {
+                Ok(0) => break Err(io::Error::from(io::ErrorKind::WriteZero)),
+                Ok(count) => done += count,
+                Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
+                Err(error) => break Err(error),
+            }
+        };
+        match result {
+            Ok(()) => {
+                self.len += done as u64;
+                self.torn = false;
+                Ok(())
+            }
+            Err(error) => {
+                if done > 0 {
+                    // Cut the torn line back; if even that fails, the next line starts on a
+                    // line of its own (readers skip the fragment).
+                    self.torn = self.file.set_len(self.len).is_err();
+                    if self.torn {
+                        self.len += done as u64;
+                    }
+                }
+                Err(error)
+            }
+        }
+    }
+
+    /// Gives up the oldest routine lines until pending bytes are at most `cap` (all routine
+    /// lines for 0).
+    fn drop_routine(&mut self, cap: usize) {
+        let mut index = 0;
+        while self.pending_bytes > cap && index < self.pending.len() {
+            if self.pending[index].essential {
+                index += 1;
+                continue;
+            }
+            if let Some(pending) = self.pending.remove(index) {
+                self.pending_bytes -= pending.line.len();
+                self.health.lost += 1;
+            }
         }
     }
 }
 
-/// Reads every complete event of an `events.jsonl` as JSON objects. A torn last line (the
-/// supervisor killed mid-write) is skipped.
-pub fn read_events(path: &Path) -> io::Result<Vec<Map<String, Value>>> {
-    let reader = BufReader::new(File::open(path)?);
-    let mut events = Vec::new();
-    for line in reader.lines() {
-        let line = line?;
-        if let Ok(Value::Object(object)) = serde_json::from_str::<Value>(&line) {
-            events.push(object);
+/// The files of an event log, oldest first: its rotated files (`events.jsonl.N` ...
+/// `events.jsonl.1`), then `path` itself.
+pub fn event_files(path: &Path) -> Vec<PathBuf> {
+    let numbered = |n: u32| PathBuf::from(format!("{}.{n}", path.display()));
+    let mut files: Vec<PathBuf> = (1..)
+        .map(numbered)
+        .take_while(|file| file.is_file())
+        .collect();
+    files.reverse();
+    files.push(path.to_path_buf());
+    files
+}
+
+/// What reading an event log found besides its events.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RecordRead {
+    /// The events, oldest first (across rotated files).
+    pub events: Vec<Map<String, Value>>,
+    /// Lines that are not events, as `file:line` (a torn last line: the writer was killed
+    /// mid-write, or an old gpuvisor ran out of disk).
+    pub skipped: Vec<String>,
+}
+
+impl RecordRead {
+    /// A note for the reader when lines were skipped, else None.
+    pub fn note(&self) -> Option<String> {
+        match self.skipped.as_slice() {
+            [] => None,
+            [one] => Some(format!(
+                "note: skipped a line of the record that is not a whole event ({one}); the events before it are shown"
+            )),
+            [first, ..] => Some(format!(
+                "note: skipped {} lines of the record that are not whole events (first: {first})",
+                self.skipped.len()
+            )),
         }
     }
-    Ok(events)
+}
+
+/// Reads every complete event of an event log (its rotated files first) as JSON objects;
+/// lines that are not events (a torn last line) are skipped and named in the result.
+pub fn read_record(path: &Path) -> io::Result<RecordRead> {
+    let mut read = RecordRead::default();
+    for file in event_files(path) {
+        let reader = BufReader::new(File::open(&file)?);
+        for (number, line) in reader.split(b'\n').enumerate() {
+            let line = line?;
+            if line.is_empty() {
+                continue;
+            }
+            match serde_json::from_slice::<Value>(&line) {
+                Ok(Value::Object(object)) => read.events.push(object),
+                _ => read
+                    .skipped
+                    .push(format!("{}:{}", file.display(), number + 1)),
+            }
+        }
+    }
+    Ok(read)
+}
+
+/// Reads every complete event of an event log (its rotated files first) as JSON objects. A
+/// torn last line (the supervisor killed mid-write) is skipped; [`read_record`] says so.
+pub fn read_events(path: &Path) -> io::Result<Vec<Map<String, Value>>> {
+    Ok(read_record(path)?.events)
 }
 
 #[cfg(test)]
@@ -158,10 +599,139 @@ mod tests {
     }
 
     #[test]
-    fn a_torn_last_line_is_skipped() {
+    fn a_torn_last_line_is_skipped_with_a_note() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("events.jsonl");
         std::fs::write(&path, "{\"t\":\"x\",\"kind\":\"start\"}\n{\"t\":\"x\",\"ki").unwrap();
         assert_eq!(read_events(&path).unwrap().len(), 1);
+        let read = read_record(&path).unwrap();
+        assert_eq!(read.skipped, [format!("{}:2", path.display())]);
+        assert!(read.note().unwrap().contains("events.jsonl:2"), "{read:?}");
+    }
+
+    fn kinds(path: &Path) -> Vec<String> {
+        read_events(path)
+            .unwrap()
+            .iter()
+            .map(|event| event["kind"].as_str().unwrap().to_string())
+            .collect()
+    }
+
+    #[test]
+    fn an_unwritable_log_holds_events_says_it_once_and_writes_them_late_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("events.jsonl");
+        let log = EventLog::create(&path).unwrap();
+        assert!(dir.path().join(RESERVE_NAME).is_file());
+        log.write(&Event::new("job-start"));
+        // /dev/full: every write fails with ENOSPC.
+        let real = std::mem::replace(
+            &mut log.lock().file,
+            OpenOptions::new().append(true).open("/dev/full").unwrap(),
+        );
+        for life in 0..3 {
+            log.write(&Event::new("start").with("life", life));
+        }
+        let health = log.health();
+        assert_eq!(health.failed_writes, 1, "retried at most every 500 ms");
+        assert!(health.error.unwrap().contains("No space left"));
+        assert_eq!(log.retry(), 3);
+        log.lock().file = real;
+        log.lock().last_try = Some(Instant::now() - RETRY_EVERY);
+        log.retry_if_due();
+        assert_eq!(log.retry(), 0, "written by the periodic retry");
+        log.write(&Event::new("job-end"));
+        let health = log.close();
+        assert_eq!(health.written_late, 3);
+        assert!(!health.incomplete());
+        assert_eq!(
+            kinds(&path),
+            [
+                "job-start",
+                "start",
+                "start",
+                "start",
+                "record-gap",
+                "job-end"
+            ]
+        );
+        assert!(health
+            .summary_line(&path)
+            .unwrap()
+            .contains("3 events reached"));
+        assert!(!dir.path().join(RESERVE_NAME).exists());
+    }
+
+    #[test]
+    fn events_still_unwritten_at_close_are_counted_lost() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("events.jsonl");
+        let log = EventLog::create(&path).unwrap();
+        log.lock().file = OpenOptions::new().append(true).open("/dev/full").unwrap();
+        log.write(&Event::new("start"));
+        log.write(&Event::new("job-end").with("status", 0));
+        let health = log.close();
+        assert_eq!(health.lost, 2);
+        assert!(health.end_lost);
+        let line = health.summary_line(&path).unwrap();
+        assert!(
+            line.starts_with("record incomplete: 2 events are missing"),
+            "{line}"
+        );
+        assert!(line.contains("job-end among them"), "{line}");
+    }
+
+    #[test]
+    fn a_torn_line_that_could_not_be_cut_back_stays_on_a_line_of_its_own() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("events.jsonl");
+        let log = EventLog::create(&path).unwrap();
+        log.write(&Event::new("job-start"));
+        {
+            // As a short write whose cut-back (ftruncate) failed leaves it.
+            let mut inner = log.lock();
+            inner.file.write_all(b"{\"t\":\"x\",\"ki").unwrap();
+            inner.torn = true;
+        }
+        log.write(&Event::new("exit"));
+        assert_eq!(kinds(&path), ["job-start", "exit"]);
+        assert_eq!(read_record(&path).unwrap().skipped.len(), 1);
+    }
+
+    #[test]
+    fn the_log_rotates_and_is_read_back_across_its_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("events.jsonl");
+        let log = EventLog::create(&path).unwrap().rotating(400, 2);
+        for life in 0..20 {
+            log.write(&Event::new("start").with("life", life));
+        }
+        log.close();
+        assert!(dir.path().join("events.jsonl.1").is_file());
+        assert!(dir.path().join("events.jsonl.2").is_file());
+        assert!(!dir.path().join("events.jsonl.3").exists(), "two are kept");
+        for file in event_files(&path) {
+            assert!(
+                std::fs::metadata(&file).unwrap().len() <= 400 + 100,
+                "{file:?}"
+            );
+            assert!(
+                kinds(&file).is_empty() || std::fs::read_to_string(&file).unwrap().starts_with("{")
+            );
+        }
+        let events = read_events(&path).unwrap();
+        let lives: Vec<u64> = events
+            .iter()
+            .filter_map(|event| event.get("life").and_then(Value::as_u64))
+            .collect();
+        assert_eq!(lives.last(), Some(&19));
+        assert!(
+            lives.windows(2).all(|pair| pair[1] == pair[0] + 1),
+            "in order: {lives:?}"
+        );
+        assert_eq!(
+            events[0]["kind"], "record-continued",
+            "the oldest file was removed"
+        );
     }
 }

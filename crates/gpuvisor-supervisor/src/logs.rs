@@ -118,6 +118,7 @@ impl LogPump {
             wake: File::from(wake_read),
             buffer: vec![0; READ_BYTES],
             out: Vec::with_capacity(2 * READ_BYTES),
+            write_failures: Vec::new(),
         };
         let thread = std::thread::Builder::new()
             .name("gpuvisor-logs".into())
@@ -184,7 +185,6 @@ struct ReplicaLog {
     ready: Option<Regex>,
     tail: Vec<u8>,
     lines: u64,
-    write_failed: bool,
 }
 
 struct Stream {
@@ -207,6 +207,8 @@ struct Pump {
     wake: File,
     buffer: Vec<u8>,
     out: Vec<u8>,
+    /// Failed writes per replica (the first is said on stderr).
+    write_failures: Vec<u64>,
 }
 
 impl Pump {
@@ -304,7 +306,6 @@ impl Pump {
             ready: registration.ready,
             tail: Vec::new(),
             lines: 0,
-            write_failed: false,
         });
         for (fd, stderr) in [(registration.stdout, false), (registration.stderr, true)] {
             self.streams.push(Stream {
@@ -429,10 +430,18 @@ impl Pump {
         }
         log.lines += lines as u64;
         if let Err(error) = log.file.write_all(&self.out) {
-            // Once per life: a full disk would otherwise print this for every read.
-            if !log.write_failed {
-                log.write_failed = true;
-                eprintln!("gpuvisor: cannot write {}: {error} (further lines of this replica may be lost)", log.path.display());
+            // Once per replica and run, not per read nor per life: a full disk under fast
+            // restarts would otherwise print a line for each.
+            if self.write_failures.len() <= replica {
+                self.write_failures.resize(replica + 1, 0);
+            }
+            self.write_failures[replica] += 1;
+            if self.write_failures[replica] == 1 {
+                let _ = writeln!(
+                    io::stderr(),
+                    "gpuvisor: cannot write {}: {error} (further lines of this replica may be lost; said once)",
+                    log.path.display()
+                );
             }
         }
         log.file_bytes += self.out.len() as u64;

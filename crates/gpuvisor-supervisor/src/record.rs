@@ -7,16 +7,35 @@ use std::path::Path;
 use serde_json::{Map, Value};
 
 use crate::control::PsRow;
-use crate::events::read_events;
+use crate::events::read_record;
 
-/// One row per replica seen in the record, in order of first appearance.
-pub fn ps_from_record(events_path: &Path) -> io::Result<Vec<PsRow>> {
-    Ok(ps_from_events(&read_events(events_path)?))
+/// One row per replica seen in the record, in order of first appearance; and a note when
+/// lines of the record were skipped (a torn last line).
+pub fn ps_from_record(events_path: &Path) -> io::Result<(Vec<PsRow>, Option<String>)> {
+    let read = read_record(events_path)?;
+    let mut rows = ps_from_events(&read.events);
+    if !read.skipped.is_empty() {
+        for row in &mut rows {
+            if row.state == GONE_KILLED {
+                row.state = GONE_INCOMPLETE.into();
+            }
+        }
+    }
+    Ok((rows, read.note()))
 }
+
+/// What was running when the record ends without `job-end`.
+const GONE_KILLED: &str = "gone (supervisor killed)";
+/// The same when the record says it is incomplete (a full disk): the end may be what is
+/// missing, not the supervisor.
+const GONE_INCOMPLETE: &str = "gone (record incomplete)";
 
 /// The rows `ps` shows for these events.
 pub fn ps_from_events(events: &[Map<String, Value>]) -> Vec<PsRow> {
     let ended = events.iter().any(|event| event["kind"] == "job-end");
+    let incomplete = events.iter().any(|event| {
+        event["kind"] == "record-gap" || event.get("record_incomplete") == Some(&Value::Bool(true))
+    });
     let mut rows: Vec<PsRow> = Vec::new();
     for event in events {
         let Some(label) = event.get("process").and_then(Value::as_str) else {
@@ -72,9 +91,14 @@ pub fn ps_from_events(events: &[Map<String, Value>]) -> Vec<PsRow> {
     }
     if !ended {
         // The supervisor was killed: what was running then went with it (keepers kill trees).
+        let gone = if incomplete {
+            GONE_INCOMPLETE
+        } else {
+            GONE_KILLED
+        };
         for row in &mut rows {
             if row.state == "running" {
-                row.state = "gone (supervisor killed)".into();
+                row.state = gone.into();
             }
         }
     }
@@ -109,5 +133,19 @@ mod tests {
             "no job-end: the supervisor died"
         );
         assert_eq!(rows[1].pid, Some(9));
+    }
+
+    #[test]
+    fn a_torn_record_is_read_with_a_note_and_not_blamed_on_a_kill() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("events.jsonl");
+        std::fs::write(
+            &path,
+            "{\"kind\":\"start\",\"process\":\"a\",\"replica\":0,\"pid\":5}\n{\"kind\":\"ex",
+        )
+        .unwrap();
+        let (rows, note) = ps_from_record(&path).unwrap();
+        assert_eq!(rows[0].state, "gone (record incomplete)");
+        assert!(note.unwrap().contains("events.jsonl:2"));
     }
 }

@@ -155,7 +155,8 @@ fn a_crash_loop_is_given_up_and_ends_the_job() {
     for _ in 0..3 {
         machine.step(now, Input::Spawned(0));
         all.extend(machine.step(now + 1, exit(0, false)));
-        now += 100;
+        // Past the shortest restart delay (MIN_RESTART_DELAY_MS).
+        now += 200;
         machine.step(now, Input::Tick);
     }
     let kinds = kinds(&all);
@@ -163,6 +164,32 @@ fn a_crash_loop_is_given_up_and_ends_the_job() {
     assert!(kinds.contains(&"crash-loop".to_string()), "{kinds:?}");
     assert!(all.contains(&Action::Finish(1)), "{all:?}");
     assert_eq!(machine.slots()[0].phase, Phase::Failed);
+}
+
+#[test]
+fn a_zero_backoff_waits_the_shortest_restart_delay() {
+    let mut worker = member("worker", &[]);
+    worker.restart = RestartSpec {
+        policy: RestartPolicy::Always,
+        max_restarts: 1_000,
+        backoff_initial_ms: 0,
+        backoff_max_ms: 0,
+        ..RestartSpec::default()
+    };
+    let mut machine = Machine::new(vec![worker], 3);
+    machine.step(0, Input::Tick);
+    machine.step(0, Input::Spawned(0));
+    let actions = machine.step(1, exit(0, false));
+    let delay = actions.iter().find_map(|action| match action {
+        Action::Event { event, .. } if event.kind == "restart" => event.fields["delay_ms"].as_u64(),
+        _ => None,
+    });
+    assert_eq!(delay, Some(super::MIN_RESTART_DELAY_MS));
+    assert!(
+        !machine.step(50, Input::Tick).contains(&Action::Spawn(0)),
+        "not before the shortest delay"
+    );
+    assert!(machine.step(101, Input::Tick).contains(&Action::Spawn(0)));
 }
 
 #[test]

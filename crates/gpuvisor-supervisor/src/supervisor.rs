@@ -4,6 +4,7 @@
 //! report to it over one channel.
 
 use std::ffi::OsString;
+use std::io::Write as _;
 use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -11,7 +12,7 @@ use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use gpuvisor_core::spec::RestartSpec;
+use gpuvisor_core::spec::{RestartPolicy, RestartSpec};
 use nix::sys::prctl;
 use nix::sys::signal::{killpg, SigSet, Signal};
 use nix::unistd::Pid;
@@ -21,12 +22,12 @@ use serde_json::{json, Value};
 use crate::cause::{self, Evidence};
 use crate::cleanup::{clean_shm, JobFootprint};
 use crate::control::{self, PsRow, Request};
-use crate::events::{Event, EventLog};
+use crate::events::{Event, EventLog, RecordHealth};
 use crate::logs::{LogConfig, LogEvent, LogPump};
 use crate::procfs;
 use crate::rundir::RunDir;
 use crate::spawn::{ExitStatus, Launch, Spawner};
-use crate::state::{Action, Input, Machine, Member, Phase};
+use crate::state::{Action, Input, Machine, Member, Phase, MIN_RESTART_DELAY_MS};
 use crate::terminal::TerminalWriter;
 
 /// When a replica counts as ready (its dependants may start).
@@ -125,9 +126,9 @@ pub struct Options {
     pub keeper: Option<Vec<OsString>>,
     /// Copy output to the terminal.
     pub terminal: bool,
-    /// Rotate a log file past this size.
+    /// Rotate a log file (and `events.jsonl`) past this size.
     pub max_log_bytes: u64,
-    /// Rotated log files kept.
+    /// Rotated log files kept (and rotated event files).
     pub keep_rotated: u32,
     /// Where shared-memory leftovers are looked for.
     pub shm_dir: PathBuf,
@@ -181,10 +182,13 @@ pub struct SummaryRow {
 #[derive(Debug, Clone)]
 pub struct Outcome {
     /// The exit status for gpuvisor: 1 if something failed for good; else 128 + the signal if
-    /// a signal stopped the job (130 for Ctrl-C); else 0.
+    /// a signal stopped the job (130 for Ctrl-C); else 1 if events are missing from the
+    /// record (a full disk); else 0.
     pub status: u8,
     /// One row per replica.
     pub rows: Vec<SummaryRow>,
+    /// What went wrong with the record (`events.jsonl`), when something did: for the summary.
+    pub record: Option<String>,
 }
 
 enum Msg {
@@ -232,7 +236,8 @@ pub fn supervise(
     signals.thread_block()?;
     // Orphans anywhere below us come to us, to be killed and reaped, not to init.
     prctl::set_child_subreaper(true)?;
-    let events = EventLog::create(&run_dir.events_path())?;
+    let events = EventLog::create(&run_dir.events_path())?
+        .rotating(options.max_log_bytes, options.keep_rotated);
     let (sender, receiver) = mpsc::channel::<Msg>();
     {
         let sender = sender.clone();
@@ -241,7 +246,10 @@ pub fn supervise(
             .spawn(move || {
                 while let Ok(signal) = signals.wait() {
                     if sender.send(Msg::Signal(signal)).is_err() {
-                        return;
+                        // The job is over and its record written; whatever the process does
+                        // now (waiting on a terminal view, printing its summary) must not
+                        // make it deaf: the signals stay blocked, so this thread ends it.
+                        std::process::exit(128 + signal as i32);
                     }
                 }
             })?;
@@ -373,6 +381,7 @@ pub fn supervise(
             .with("pid", std::process::id())
             .with("replicas", run.specs.len()),
     );
+    note_short_backoffs(&run.specs, &run.events);
     if let Some(address) = metrics_address {
         run.events
             .write(&Event::new("metrics").with("address", address.to_string()));
@@ -382,7 +391,7 @@ pub fn supervise(
         // Stopped by a signal with nothing failed: say so, as shells do (130 for SIGINT).
         status = 128 + signal as u8;
     }
-    run.finish_job(&receiver);
+    let (status, record) = run.finish_job(&receiver, status);
     reaper_stop.store(true, Ordering::SeqCst);
     let _ = reaper.join();
     let rows = run.summary_rows();
@@ -392,7 +401,38 @@ pub fn supervise(
         terminal.finish();
     }
     let _ = std::fs::remove_file(run_dir.socket_path());
-    Ok(Outcome { status, rows })
+    Ok(Outcome {
+        status,
+        rows,
+        record: record.summary_line(&run_dir.events_path()),
+    })
+}
+
+/// Says once per process (on stderr and as a `backoff-clamped` event) that its `backoff` is
+/// below [`MIN_RESTART_DELAY_MS`], which restarts wait instead.
+fn note_short_backoffs(specs: &[ReplicaSpec], events: &EventLog) {
+    let mut said: Vec<&str> = Vec::new();
+    for spec in specs {
+        let restart = &spec.restart;
+        if restart.policy == RestartPolicy::No
+            || restart.backoff_initial_ms >= MIN_RESTART_DELAY_MS
+            || said.contains(&spec.process.as_str())
+        {
+            continue;
+        }
+        said.push(&spec.process);
+        let _ = writeln!(
+            std::io::stderr(),
+            "gpuvisor: backoff of [process.{}] is {} ms; restarts wait at least {MIN_RESTART_DELAY_MS} ms",
+            spec.process, restart.backoff_initial_ms
+        );
+        events.write(
+            &Event::new("backoff-clamped")
+                .with("process", spec.process.clone())
+                .with("backoff_ms", restart.backoff_initial_ms)
+                .with("min_ms", MIN_RESTART_DELAY_MS),
+        );
+    }
 }
 
 fn member_of(spec: &ReplicaSpec) -> Member {

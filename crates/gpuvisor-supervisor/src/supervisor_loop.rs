@@ -48,6 +48,7 @@ impl Run<'_> {
                 }
                 self.sample_gpu();
                 self.tick_sampler(&mut inputs);
+                self.events.retry_if_due();
             }
             inputs.push(Input::Tick);
         }
@@ -187,6 +188,11 @@ impl Run<'_> {
             Msg::Signal(signal) => {
                 self.events
                     .write(&Event::new("signal-received").with("signal", signal.as_str()));
+                // A hang-up after the first signal (the kernel's and the terminal view's for
+                // one lost terminal) is no user insisting: it does not escalate.
+                if signal == Signal::SIGHUP && self.interrupts > 0 {
+                    return;
+                }
                 self.interrupts += 1;
                 self.first_signal.get_or_insert(signal);
                 if self.interrupts == 1 {
@@ -449,8 +455,14 @@ impl Run<'_> {
         }
     }
 
-    /// After the last replica: kill and reap stragglers, clean up, record the end.
-    pub(super) fn finish_job(&mut self, receiver: &Receiver<Msg>) {
+    /// After the last replica: kill and reap stragglers, clean up, record the end with the
+    /// job's exit `status`. Returns the status gpuvisor exits with (1 instead of 0 when the
+    /// record is incomplete) and what became of the record.
+    pub(super) fn finish_job(
+        &mut self,
+        receiver: &Receiver<Msg>,
+        status: u8,
+    ) -> (u8, RecordHealth) {
         self.sample_gpu();
         let me = std::process::id() as i32;
         let deadline = Instant::now() + Duration::from_secs(5);
@@ -492,11 +504,30 @@ impl Run<'_> {
                     .with("removed", files),
             );
         }
-        let end = self
+        // The end says the status gpuvisor exits with: the job's (128 + the signal after a
+        // signal), or 1 when events were lost from the record.
+        let waiting = self.events.retry();
+        let health = self.events.health();
+        let incomplete = health.incomplete() || waiting > 0;
+        let status = match status {
+            0 if incomplete => 1,
+            status => status,
+        };
+        let mut end = self
             .job_end
             .take()
-            .unwrap_or_else(|| Event::new("job-end").with("status", 1));
+            .unwrap_or_else(|| Event::new("job-end"))
+            .with("status", status);
+        if incomplete {
+            end = end.with("record_incomplete", true);
+        }
         self.events.write(&end);
+        let health = self.events.close();
+        let status = match status {
+            0 if health.incomplete() => 1,
+            status => status,
+        };
+        (status, health)
     }
 
     pub(super) fn summary_rows(&self) -> Vec<SummaryRow> {

@@ -76,6 +76,9 @@ fn run_explanation(input: &str) -> Result<Option<RunExplanation>, Failure> {
             return Ok(None);
         }
     };
+    if let Some(note) = record.note() {
+        eprintln!("gpuvisor: {note}");
+    }
     // A record without a single event has no story to tell; its logs may still.
     if record.events.is_empty() {
         return Ok(None);

@@ -48,13 +48,16 @@ pub fn ps(args: PsArgs) -> Result<ExitCode, Failure> {
     let (rows, live) = match request(&socket_path(&run), &Request::Ps) {
         Ok(reply) => (rows_of(reply)?, true),
         Err(_) => {
-            let mut rows = ps_from_record(&run.join("events.jsonl")).map_err(|error| {
+            let (mut rows, note) = ps_from_record(&run.join("events.jsonl")).map_err(|error| {
                 Failure::unavailable(format!(
                     "cannot read the run record {}: {error}",
                     run.join("events.jsonl").display()
                 ))
             })?;
             add_budgets(&run, &mut rows);
+            if let Some(note) = note {
+                eprintln!("gpuvisor: {note}");
+            }
             (rows, false)
         }
     };

@@ -43,6 +43,9 @@ pub fn run(args: ReportArgs) -> Result<ExitCode, Failure> {
         })?,
     };
     let record = RunRecord::load(&run).map_err(Failure::unavailable)?;
+    if let Some(note) = record.note() {
+        eprintln!("gpuvisor: {note}");
+    }
     let explanation = explain_run(&record);
     let sources = match resolve(&run.display().to_string()) {
         Ok(sources) => sources,

@@ -164,7 +164,8 @@ pub fn run(args: RunArgs) -> Result<ExitCode, Failure> {
         view.finish();
     }
     let outcome = outcome?;
-    eprint!("{}", render_summary(&outcome));
+    // Not eprint!, which panics when stderr is a terminal that went away.
+    let _ = std::io::Write::write_all(&mut std::io::stderr(), render_summary(&outcome).as_bytes());
     Ok(ExitCode::from(outcome.status))
 }
 
@@ -475,5 +476,9 @@ fn render_summary(outcome: &Outcome) -> String {
         ]);
     }
     let verdict = if outcome.status == 0 { "ok" } else { "failed" };
-    format!("\njob {verdict}:\n{}", table.render("  "))
+    let mut text = format!("\njob {verdict}:\n{}", table.render("  "));
+    if let Some(record) = &outcome.record {
+        text.push_str(&format!("  {record}\n"));
+    }
+    text
 }

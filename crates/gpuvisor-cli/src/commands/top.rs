@@ -9,7 +9,9 @@ use std::time::Duration;
 
 use gpuvisor_core::inventory::Inventory;
 use gpuvisor_observe::top::source::GpuProbe;
-use gpuvisor_observe::top::terminal::{render_once, run_interactive, screen_size, LoopOptions};
+use gpuvisor_observe::top::terminal::{
+    render_once, run_interactive, screen_size, LoopEnd, LoopOptions,
+};
 use gpuvisor_observe::top::{GpuSample, MachineSource, RunSource, TopSource};
 use nvml_wrapper::Nvml;
 
@@ -56,8 +58,11 @@ pub fn run(args: TopArgs) -> Result<ExitCode, Failure> {
         interval: Duration::from_millis(args.interval_ms.max(50)),
         ..LoopOptions::default()
     };
-    run_interactive(source.as_mut(), &options)?;
-    Ok(ExitCode::SUCCESS)
+    match run_interactive(source.as_mut(), &options)? {
+        // Nobody is left to read a message; the status says it.
+        LoopEnd::TerminalGone(_) => Ok(ExitCode::from(1)),
+        LoopEnd::Quit | LoopEnd::Finished => Ok(ExitCode::SUCCESS),
+    }
 }
 
 /// A run directory given as a path, or as a name under ./runs.

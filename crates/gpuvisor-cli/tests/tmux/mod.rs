@@ -25,8 +25,11 @@ impl Tmux {
             eprintln!("tmux is not installed: skipping the interactive test");
             return None;
         }
+        // One server per Tmux: a test's server being killed never races the next one's start.
+        static COUNT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = COUNT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Some(Tmux {
-            socket: format!("gpuvisor-top-test-{}", std::process::id()),
+            socket: format!("gpuvisor-top-test-{}-{n}", std::process::id()),
         })
     }
 

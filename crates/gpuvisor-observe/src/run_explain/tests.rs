@@ -41,6 +41,7 @@ fn record(events: &[serde_json::Value], samples: Option<RunSamples>) -> RunRecor
             .map(|event| RunEvent::from_line(&event.to_string()).unwrap())
             .collect(),
         samples,
+        skipped: Vec::new(),
     }
 }
 

@@ -9,10 +9,12 @@
 //!   through its control socket or record), [`machine`] the machine-wide source, [`procfs`]
 //!   CPU and RSS from /proc;
 //! - [`record`]: reading a run directory's plan, events and logs for the screen;
-//! - [`terminal`]: the interactive loop on a real terminal (crossterm).
+//! - [`terminal`]: the interactive loop on a real terminal (crossterm draws; [`input`] reads
+//!   keys and notices a terminal that went away).
 
 pub mod app;
 mod bar;
+pub mod input;
 pub mod machine;
 pub mod model;
 pub mod procfs;

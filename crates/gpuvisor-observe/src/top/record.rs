@@ -244,6 +244,12 @@ pub fn rows_from_events(plan: &PlanInfo, events: &[Value]) -> Vec<ProcessRow> {
         .collect()
 }
 
+/// Whether an event log's text ends in a torn line (a killed writer, or an old gpuvisor out
+/// of disk): [`parse_events`] skips it, and `top` says so.
+pub fn torn_tail(text: &str) -> bool {
+    !text.is_empty() && !text.ends_with('\n')
+}
+
 /// The JSON objects of an event log's text (bad lines skipped: a killed writer can leave one).
 pub fn parse_events(text: &str) -> Vec<Value> {
     text.lines()

@@ -19,7 +19,7 @@ use super::model::{GpuView, Segment, TopModel, UTIL_HISTORY_LEN};
 use super::procfs::ProcStats;
 use super::record::{
     event_line, log_path, merge_sample, parse_events, parse_log_lines, parse_plan, read_tail,
-    rows_from_events, rows_from_ps, PlanInfo, TAIL_BYTES,
+    rows_from_events, rows_from_ps, torn_tail, PlanInfo, TAIL_BYTES,
 };
 
 /// How many events the screen keeps.
@@ -99,7 +99,7 @@ pub struct RunSource {
     plan: Option<PlanInfo>,
     procs: ProcStats,
     util: BTreeMap<(Option<String>, u32), VecDeque<u8>>,
-    events_cache: (Option<FileStamp>, Vec<Value>),
+    events_cache: (Option<FileStamp>, Vec<Value>, bool),
 }
 
 /// A file's length and modification time: when both are unchanged, so is its tail.
@@ -114,7 +114,7 @@ impl RunSource {
             plan: None,
             procs: ProcStats::default(),
             util: BTreeMap::new(),
-            events_cache: (None, Vec::new()),
+            events_cache: (None, Vec::new(), false),
         }
     }
 
@@ -126,7 +126,7 @@ impl RunSource {
             .map(|meta| (meta.len(), meta.modified().ok()));
         if stamp.is_none() || stamp != self.events_cache.0 {
             let text = read_tail(&path, TAIL_BYTES * 4).unwrap_or_default();
-            self.events_cache = (stamp, parse_events(&text));
+            self.events_cache = (stamp, parse_events(&text), torn_tail(&text));
         }
         self.events_cache.1.clone()
     }
@@ -186,6 +186,11 @@ impl TopSource for RunSource {
             }
             None => {
                 model.source_note = "not running: from its record".to_string();
+                if self.events_cache.2 {
+                    model.warning.get_or_insert_with(|| {
+                        "the record's last line is torn (the supervisor was killed mid-write): skipped".to_string()
+                    });
+                }
                 // The event tail may have lost a run's first events; restarts then count
                 // from there.
                 rows_from_events(&plan, &events)

@@ -449,6 +449,8 @@ fn to_head(events: &Path, socket: &Path, sender: &SharedSender, done: &AtomicBoo
 struct EventTail {
     path: PathBuf,
     offset: u64,
+    /// The inode read last (0 before the first read): another one means a rotation.
+    inode: u64,
     partial: Vec<u8>,
 }
 
@@ -457,15 +459,31 @@ impl EventTail {
         EventTail {
             path,
             offset: 0,
+            inode: 0,
             partial: Vec::new(),
         }
     }
 
     fn new_lines(&mut self) -> Vec<String> {
         use std::io::{Read, Seek, SeekFrom};
+        use std::os::unix::fs::MetadataExt;
         let Ok(mut file) = std::fs::File::open(&self.path) else {
             return Vec::new();
         };
+        let inode = file.metadata().map(|meta| meta.ino()).unwrap_or(0);
+        if self.inode != 0 && inode != self.inode {
+            // The log was rotated (EventLog::rotating): first the rest of the old file.
+            let rotated = PathBuf::from(format!("{}.1", self.path.display()));
+            if let Ok(mut old) = std::fs::File::open(&rotated) {
+                if old.metadata().is_ok_and(|meta| meta.ino() == self.inode)
+                    && old.seek(SeekFrom::Start(self.offset)).is_ok()
+                {
+                    let _ = old.read_to_end(&mut self.partial);
+                }
+            }
+            self.offset = 0;
+        }
+        self.inode = inode;
         if file.seek(SeekFrom::Start(self.offset)).is_err() {
             return Vec::new();
         }
@@ -521,5 +539,32 @@ mod tests {
         io::Write::write_all(&mut file, b"2}\n").unwrap();
         assert_eq!(tail.new_lines(), vec!["{\"b\":2}".to_string()]);
         assert!(tail.new_lines().is_empty());
+    }
+
+    #[test]
+    fn the_tail_follows_a_rotation_without_losing_the_old_file_s_end() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("events.jsonl");
+        let log = gpuvisor_supervisor::events::EventLog::create(&path)
+            .unwrap()
+            .rotating(200, 2);
+        let mut tail = EventTail::new(path.clone());
+        let write = |life: u64| {
+            log.write(&gpuvisor_supervisor::events::Event::new("start").with("life", life));
+        };
+        write(0);
+        let mut lines = tail.new_lines();
+        // Unread lines in the old file when it is rotated, and more in the new one.
+        for life in 1..4 {
+            write(life);
+        }
+        assert!(dir.path().join("events.jsonl.1").is_file());
+        lines.extend(tail.new_lines());
+        let lives: Vec<u64> = lines
+            .iter()
+            .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+            .filter_map(|event| event["life"].as_u64())
+            .collect();
+        assert_eq!(lives, [0, 1, 2, 3], "{lines:?}");
     }
 }

@@ -222,6 +222,22 @@ fn a_finished_run_reads_its_record() {
 }
 
 #[test]
+fn a_torn_last_line_of_a_finished_run_is_skipped_with_a_warning() {
+    let dir = run_dir();
+    let mut source = RunSource::new(dir.path().to_path_buf(), None);
+    assert_eq!(source.poll(None).warning, None);
+    let mut events = std::fs::OpenOptions::new()
+        .append(true)
+        .open(dir.path().join("events.jsonl"))
+        .unwrap();
+    std::io::Write::write_all(&mut events, b"{\"t\":\"2026-").unwrap();
+    let mut source = RunSource::new(dir.path().to_path_buf(), None);
+    let model = source.poll(None);
+    assert_eq!(model.events.len(), 12, "the whole events are all shown");
+    assert!(model.warning.unwrap().contains("last line is torn"));
+}
+
+#[test]
 fn a_directory_without_a_plan_warns_and_still_draws() {
     let dir = tempfile::tempdir().unwrap();
     let mut source = RunSource::new(dir.path().to_path_buf(), None);

@@ -145,7 +145,10 @@ pub fn head(args: &RunArgs, job: JobSpec, allocation: Allocation) -> Result<Exit
             .spawn(move || {
                 while let Ok(signal) = signals.wait() {
                     if inputs.send(Input::Signal(signal)).is_err() {
-                        return;
+                        // The head's loop is over; the signals stay blocked, so this thread
+                        // ends the process (SIGTERM must never be ignored), as the
+                        // supervisor's does.
+                        std::process::exit(128 + signal as i32);
                     }
                 }
             })?;
@@ -320,7 +323,16 @@ pub fn head(args: &RunArgs, job: JobSpec, allocation: Allocation) -> Result<Exit
         eprintln!("gpuvisor: node {node} failed: {why}");
     }
     let _ = std::fs::remove_file(run_dir.socket_path());
-    let outcome = gpuvisor_supervisor::supervisor::Outcome { status, rows };
+    let record = events.close();
+    let status = match status {
+        0 if record.incomplete() => 1,
+        status => status,
+    };
+    let outcome = gpuvisor_supervisor::supervisor::Outcome {
+        status,
+        rows,
+        record: record.summary_line(&run_dir.events_path()),
+    };
     eprint!("{}", super::render_summary(&outcome));
     Ok(ExitCode::from(status))
 }

@@ -144,6 +144,9 @@ impl Context<'_> {
                     }
                     let _ = reply.send(answer);
                 }
+                // A hang-up after the first signal (the kernel's and the --tui view's for one
+                // lost terminal) does not escalate.
+                Some(Input::Signal(Signal::SIGHUP)) if signals_seen > 0 => {}
                 Some(Input::Signal(signal)) => {
                     signals_seen += 1;
                     stopping = true;
