@@ -1,0 +1,332 @@
+//! Telling a damaged ledger from a sound one: checksums of what is written once (the header and
+//! the device table) and of what only the supervisor writes (each group's limits, flags and
+//! name), and bounds on every counter ([`PLAUSIBLE_BYTES`], [`PLAUSIBLE_COUNT`]).
+//!
+//! The shim checks its own group and slot before it refuses an allocation
+//! ([`Ledger::group_intact`]: no allocation, no system call), so damage never turns into a storm
+//! of false refusals; the supervisor checks everything every sampling tick ([`Ledger::check`]),
+//! starting with the file's size, so that it never reads a page a truncation took away.
+
+use std::fmt;
+use std::sync::atomic::Ordering;
+
+use crate::account::SlotId;
+use crate::layout::*;
+use crate::ledger::Ledger;
+
+/// What [`Ledger::check`] found wrong, in words, with the groups and slots concerned.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LedgerDamage {
+    /// Each problem found, e.g. `group 1 (actor-0): bytes in use on device 0 read 8519680.0 TiB`.
+    pub problems: Vec<String>,
+    /// The file is shorter than the mapping (nothing else was read).
+    pub truncated: bool,
+    /// The header or device table changed: processes that start now cannot open the ledger.
+    pub header: bool,
+    /// Groups whose record is damaged: their processes stop enforcing at their next refusal.
+    pub groups: Vec<u32>,
+    /// Slots whose record is damaged (their figures are not to be trusted).
+    pub slots: Vec<u32>,
+}
+
+impl fmt::Display for LedgerDamage {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let shown: Vec<&str> = self.problems.iter().take(4).map(String::as_str).collect();
+        write!(f, "{}", shown.join("; "))?;
+        if self.problems.len() > shown.len() {
+            write!(f, "; and {} more", self.problems.len() - shown.len())?;
+        }
+        Ok(())
+    }
+}
+
+/// A byte count for a message: binary units with one decimal.
+pub(crate) fn human_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 7] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{value:.1} {}", UNITS[unit])
+    }
+}
+
+fn words_of(bytes: &[u8]) -> impl Iterator<Item = u64> + '_ {
+    bytes.chunks(8).map(|chunk| {
+        let mut word = [0u8; 8];
+        word[..chunk.len()].copy_from_slice(chunk);
+        u64::from_le_bytes(word)
+    })
+}
+
+fn plausible_limit(limit: u64) -> bool {
+    limit == NO_LIMIT || limit <= PLAUSIBLE_BYTES
+}
+
+impl Ledger {
+    /// Checksum of the header fields written once and of the device table (the magic, written
+    /// last, is checked on its own).
+    pub(crate) fn header_checksum(&self) -> u64 {
+        let h = self.header();
+        let fixed = [
+            (h.layout_version as u64) << 32 | h.header_size as u64,
+            h.total_size,
+            (h.device_count as u64) << 32 | h.group_count as u64,
+            (h.slot_count as u64) << 32 | h.event_capacity as u64,
+            h.devices_offset,
+            h.groups_offset,
+            h.slots_offset,
+            h.events_offset,
+            (h.record_sizes[0] as u64) << 32 | h.record_sizes[1] as u64,
+            (h.record_sizes[2] as u64) << 32 | h.record_sizes[3] as u64,
+            (h.creator_pid as u64) << 32 | h.reserved0 as u64,
+            h.created_unix_ns,
+        ];
+        let devices = (0..self.device_count as usize).flat_map(|i| {
+            let d = self.device(i);
+            words_of(&d.uuid_text)
+                .chain(words_of(&d.uuid_raw))
+                .chain([d.total_bytes])
+        });
+        checksum(fixed.into_iter().chain(devices))
+    }
+
+    /// Checksum of group `i`'s limits, flags, name and index.
+    pub(crate) fn group_checksum(&self, i: usize) -> u64 {
+        let g = self.group(i);
+        let limits = g
+            .limit_bytes
+            .iter()
+            .chain(&g.per_process_limit_bytes)
+            .map(|l| l.load(Ordering::Relaxed));
+        checksum(
+            [i as u64, g.flags.load(Ordering::Relaxed) as u64]
+                .into_iter()
+                .chain(limits)
+                .chain(words_of(&g.name)),
+        )
+    }
+
+    /// Whether group `i`'s checksum holds. The supervisor may be changing its limits right now
+    /// ([`Ledger::set_group_limits`] stores the limits, then the checksum): a mismatch is
+    /// re-read a few times before it counts.
+    fn group_check_holds(&self, i: usize) -> bool {
+        for _ in 0..4 {
+            let stored = self.group(i).check.load(Ordering::Acquire);
+            if self.group_checksum(i) == stored {
+                return true;
+            }
+            std::hint::spin_loop();
+        }
+        false
+    }
+
+    /// Checksums only (what [`Ledger::open`] adds to its structural checks): a message if the
+    /// header, the device table or a group record does not match its checksum.
+    pub(crate) fn check_layout(&self) -> Option<String> {
+        if self.header().header_check != self.header_checksum() {
+            return Some(
+                "the header or device table does not match its checksum (overwritten)".into(),
+            );
+        }
+        let bad: Vec<String> = (0..self.group_count as usize)
+            .filter(|i| !self.group_check_holds(*i))
+            .map(|i| i.to_string())
+            .collect();
+        (!bad.is_empty()).then(|| {
+            format!(
+                "the limits of group(s) {} do not match their checksum (overwritten)",
+                bad.join(", ")
+            )
+        })
+    }
+
+    /// The shim's check before refusing on `device`: is what decided the refusal sound? The
+    /// group's limits, flags and name against their checksum, its counters and the slot's
+    /// within bounds, the slot still of this group. No allocation, no system call (about 40
+    /// words hashed). `Err` says what is wrong, for the one line the shim prints.
+    pub fn group_intact(&self, slot: SlotId, device: usize) -> Result<(), &'static str> {
+        if slot.group >= self.group_count || slot.index >= self.slot_count {
+            return Err("the process's slot or group is outside the ledger");
+        }
+        if !self.group_check_holds(slot.group as usize) {
+            return Err("its group's limits do not match their checksum (overwritten)");
+        }
+        let g = self.group(slot.group as usize);
+        let s = self.slot(slot.index as usize);
+        if device < self.device_count as usize
+            && (g.used_bytes[device].load(Ordering::Relaxed) > PLAUSIBLE_BYTES
+                || s.used_bytes[device].load(Ordering::Relaxed) > PLAUSIBLE_BYTES)
+        {
+            return Err("a counter of bytes in use reads more than 1 PiB");
+        }
+        if g.denied_count.load(Ordering::Relaxed) > PLAUSIBLE_COUNT
+            || s.denied_count.load(Ordering::Relaxed) > PLAUSIBLE_COUNT
+        {
+            return Err("a refusal counter reads more than 2^40");
+        }
+        if s.group.load(Ordering::Relaxed) != slot.group {
+            return Err("the process's slot names another group (overwritten)");
+        }
+        Ok(())
+    }
+
+    /// Marks the process in `slot` (if any) as no longer enforcing its budget, and counts it.
+    pub fn mark_failed_open(&self, slot: Option<SlotId>) {
+        self.header().failed_open.fetch_add(1, Ordering::Relaxed);
+        if let Some(slot) = slot.filter(|s| s.index < self.slot_count) {
+            self.slot(slot.index as usize)
+                .flags
+                .fetch_or(SLOT_FLAG_FAILED_OPEN, Ordering::Relaxed);
+        }
+    }
+
+    /// Processes that stopped enforcing their budget after finding the ledger damaged.
+    pub fn failed_open_count(&self) -> u64 {
+        self.header().failed_open.load(Ordering::Relaxed)
+    }
+
+    /// Checks the whole ledger: the file's size first (a truncated file is not read further:
+    /// a page past its end would raise SIGBUS), then magic and checksums, then every counter
+    /// of every group, live slot and the header against its bound. For the supervisor, every
+    /// sampling tick: one `fstat` and a pass over the groups and slots (a few microseconds for
+    /// 4096 slots).
+    pub fn check(&self) -> Result<(), LedgerDamage> {
+        let mut damage = LedgerDamage::default();
+        match self.file.metadata() {
+            Ok(meta) if (meta.len() as usize) < self.len => {
+                damage.truncated = true;
+                damage.header = true;
+                damage.problems.push(format!(
+                    "the file was truncated to {} bytes (it had {})",
+                    meta.len(),
+                    self.len
+                ));
+                return Err(damage);
+            }
+            _ => {}
+        }
+        let h = self.header();
+        if h.magic != MAGIC || h.layout_version != LAYOUT_VERSION {
+            damage.header = true;
+            damage
+                .problems
+                .push("its header was overwritten (magic or layout version changed)".into());
+        } else if h.header_check != self.header_checksum() {
+            damage.header = true;
+            damage
+                .problems
+                .push("its header or device table was overwritten (checksum mismatch)".into());
+        }
+        for (name, counter) in [
+            ("event sequence", &h.event_next_seq),
+            ("underflow repairs", &h.underflow_repairs),
+            ("untracked allocations", &h.untracked_allocations),
+            ("slot claims", &h.claims_total),
+        ] {
+            let value = counter.load(Ordering::Relaxed);
+            if value > PLAUSIBLE_COUNT {
+                damage.header = true;
+                damage
+                    .problems
+                    .push(format!("the header's {name} counter reads {value}"));
+            }
+        }
+        let devices = self.device_count as usize;
+        for i in 0..self.group_count as usize {
+            let g = self.group(i);
+            let label = format!("group {i} ({})", text_from_padded(&g.name));
+            let mut bad = false;
+            if !self.group_check_holds(i) {
+                bad = true;
+                damage.problems.push(format!(
+                    "{label}: its limits were overwritten (checksum mismatch)"
+                ));
+            }
+            for d in 0..devices {
+                for (what, counter) in [("in use", &g.used_bytes[d]), ("at peak", &g.peak_bytes[d])]
+                {
+                    let value = counter.load(Ordering::Relaxed);
+                    if value > PLAUSIBLE_BYTES {
+                        bad = true;
+                        damage.problems.push(format!(
+                            "{label}: bytes {what} on device {d} read {}",
+                            human_bytes(value)
+                        ));
+                    }
+                }
+                let limits = [
+                    g.limit_bytes[d].load(Ordering::Relaxed),
+                    g.per_process_limit_bytes[d].load(Ordering::Relaxed),
+                ];
+                if !limits.iter().all(|l| plausible_limit(*l)) && !bad {
+                    bad = true;
+                    damage.problems.push(format!(
+                        "{label}: a limit on device {d} reads {}",
+                        human_bytes(limits[0].max(limits[1]))
+                    ));
+                }
+            }
+            let denied = g.denied_count.load(Ordering::Relaxed);
+            if denied > PLAUSIBLE_COUNT {
+                bad = true;
+                damage
+                    .problems
+                    .push(format!("{label}: its refusal count reads {denied}"));
+            }
+            if bad {
+                damage.groups.push(i as u32);
+            }
+        }
+        for i in 0..self.slot_count as usize {
+            let s = self.slot(i);
+            let owner = s.owner.load(Ordering::Acquire);
+            if owner == SLOT_FREE {
+                continue;
+            }
+            let state = (owner >> 32) & 0xff;
+            let pid = owner as u32 as i32;
+            let mut problem = None;
+            if !(SLOT_STATE_CLAIMING..=SLOT_STATE_EXITED).contains(&state) {
+                problem = Some(format!("slot {i}: its owner word reads {owner:#x}"));
+            } else if s.group.load(Ordering::Relaxed) >= self.group_count
+                && state != SLOT_STATE_CLAIMING
+            {
+                problem = Some(format!(
+                    "slot {i} (pid {pid}): it names group {}",
+                    s.group.load(Ordering::Relaxed)
+                ));
+            } else if let Some(value) = (0..devices)
+                .flat_map(|d| [&s.used_bytes[d], &s.peak_bytes[d]])
+                .map(|c| c.load(Ordering::Relaxed))
+                .find(|v| *v > PLAUSIBLE_BYTES)
+            {
+                problem = Some(format!(
+                    "slot {i} (pid {pid}): a byte counter reads {}",
+                    human_bytes(value)
+                ));
+            } else if s.denied_count.load(Ordering::Relaxed) > PLAUSIBLE_COUNT
+                || s.contexts.load(Ordering::Relaxed) > PLAUSIBLE_COUNT
+                || s.untracked_count.load(Ordering::Relaxed) > PLAUSIBLE_COUNT
+            {
+                problem = Some(format!(
+                    "slot {i} (pid {pid}): a count reads more than 2^40"
+                ));
+            }
+            if let Some(problem) = problem {
+                damage.problems.push(problem);
+                damage.slots.push(i as u32);
+            }
+        }
+        if damage.problems.is_empty() {
+            Ok(())
+        } else {
+            Err(damage)
+        }
+    }
+}
