@@ -5,6 +5,7 @@
  * R = N*K attempts, D = those refused (rc 2); W = from the start signal to the last child done;
  * C = total CPU time (user+system) of the children's refusal loops / R; M = the worst child's.
  * Every child stays alive until all are done, so the group has N live processes throughout.
+ * Each child makes one warm-up attempt before the start signal (not counted).
  * Build: cc -O2 refusals.c -L<fake dir> -l:libcuda.so.1 -o refusals */
 #include <stdio.h>
 #include <stdlib.h>
@@ -45,6 +46,9 @@ int main(int argc, char **argv) {
             close(ready[0]); close(go[1]); close(done[1]); close(results[0]);
             void *ctx = NULL;
             if (cuInit(0) || cuDevicePrimaryCtxRetain(&ctx, 0) || cuCtxSetCurrent(ctx)) _exit(3);
+            /* Warm up (first touch of the shim's pointer table, first refusal): not measured. */
+            CUdeviceptr warm = 0;
+            if (cuMemAlloc_v2(&warm, 1 << 20) == 0) cuMemFree_v2(warm);
             char c = 1, buf;
             if (write(ready[1], &c, 1) != 1) _exit(4);
             if (read(go[0], &buf, 1) != 0) _exit(5); /* EOF = start */
