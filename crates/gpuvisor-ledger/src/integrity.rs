@@ -40,6 +40,28 @@ impl fmt::Display for LedgerDamage {
     }
 }
 
+impl LedgerDamage {
+    /// What the damage does to the job's processes, in words (for the console, the event, the
+    /// summary and `explain`).
+    pub fn consequence(&self) -> String {
+        if self.truncated {
+            return "gpuvisor stops reading it; a process of the job that touches the lost part is killed by SIGBUS (docs/shim.md, limits); budgets are no longer reported".into();
+        }
+        let mut parts = Vec::new();
+        if self.header {
+            parts.push("processes that start from now on cannot open it and run unlimited (one line each on their stderr)");
+        }
+        if !self.groups.is_empty() {
+            parts.push("processes of the damaged budget(s) stop enforcing at their next refusal instead of refusing falsely (one line each)");
+        }
+        if !self.header && self.groups.is_empty() {
+            parts.push("the figures of the processes named are not to be trusted; budgets are still enforced");
+        }
+        parts.push("processes already running keep their budget until the shim finds damage on its own path");
+        parts.join("; ")
+    }
+}
+
 /// A byte count for a message: binary units with one decimal.
 pub(crate) fn human_bytes(bytes: u64) -> String {
     const UNITS: [&str; 7] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
@@ -176,6 +198,15 @@ impl Ledger {
         Ok(())
     }
 
+    /// Byte offset of `group`'s record in the file (`None` past the last group): with
+    /// `std::mem::offset_of!` on [`GroupRecord`], where a field lies, for tools and tests that
+    /// reproduce damage.
+    pub fn group_record_offset(&self, group: u32) -> Option<u64> {
+        (group < self.group_count).then(|| {
+            (self.offsets().groups + group as usize * std::mem::size_of::<GroupRecord>()) as u64
+        })
+    }
+
     /// Marks the process in `slot` (if any) as no longer enforcing its budget, and counts it.
     pub fn mark_failed_open(&self, slot: Option<SlotId>) {
         self.header().failed_open.fetch_add(1, Ordering::Relaxed);
@@ -184,6 +215,34 @@ impl Ledger {
                 .flags
                 .fetch_or(SLOT_FLAG_FAILED_OPEN, Ordering::Relaxed);
         }
+    }
+
+    /// The pids of the live registered processes: (still enforcing, stopped enforcing after
+    /// finding the ledger damaged). Only slots whose pid and start time name a running process
+    /// count (random bytes over a slot make neither), so this costs a `kill` and a /proc read
+    /// per registered process: for when damage is found, not every tick.
+    pub fn enforcement(&self) -> (Vec<i32>, Vec<i32>) {
+        let mut enforced = Vec::new();
+        let mut unenforced = Vec::new();
+        for i in 0..self.slot_count as usize {
+            let s = self.slot(i);
+            let owner = s.owner.load(Ordering::Acquire);
+            if (owner >> 32) & 0xff != SLOT_STATE_LIVE
+                || (owner as u32 as i32) <= 0
+                || !crate::procfs::is_alive(
+                    owner as u32 as i32,
+                    s.start_time.load(Ordering::Relaxed),
+                )
+            {
+                continue;
+            }
+            if s.flags.load(Ordering::Relaxed) & SLOT_FLAG_FAILED_OPEN != 0 {
+                unenforced.push(owner as u32 as i32);
+            } else {
+                enforced.push(owner as u32 as i32);
+            }
+        }
+        (enforced, unenforced)
     }
 
     /// Processes that stopped enforcing their budget after finding the ledger damaged.
@@ -271,6 +330,17 @@ impl Ledger {
                         human_bytes(limits[0].max(limits[1]))
                     ));
                 }
+            }
+            // Entries of devices the ledger does not have are never written: zero, or damage.
+            if (devices..MAX_DEVICES).any(|d| {
+                g.used_bytes[d].load(Ordering::Relaxed) != 0
+                    || g.peak_bytes[d].load(Ordering::Relaxed) != 0
+            }) || g.reserved0 != 0
+            {
+                bad = true;
+                damage.problems.push(format!(
+                    "{label}: bytes were written where nothing is kept (overwritten)"
+                ));
             }
             let denied = g.denied_count.load(Ordering::Relaxed);
             if denied > PLAUSIBLE_COUNT {

@@ -478,6 +478,10 @@ impl Ledger {
         Ok(ledger)
     }
 
+    pub(crate) fn offsets(&self) -> Offsets {
+        self.offsets
+    }
+
     /// The ledger file's path.
     pub fn path(&self) -> &Path {
         &self.path

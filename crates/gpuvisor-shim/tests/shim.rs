@@ -1376,3 +1376,60 @@ fn a_dead_process_s_charge_is_reclaimed_by_the_next_refusal_after_the_interval()
     );
     assert!(out.stderr.is_empty());
 }
+
+#[test]
+fn a_damaged_group_makes_the_process_fail_open_with_one_line_instead_of_refusing() {
+    // Issue 14 item 4: random bytes over the ledger made every later allocation fail (5.3 M
+    // false OOMs). Now the refusal path checks what refused it; damage means one line and
+    // pass-through for this process, and a mark the supervisor reads.
+    use std::os::unix::fs::FileExt;
+    let (path, ledger) = ledger("damaged-group", &[group(4 * MIB, NO_LIMIT)]);
+    let f = fixture();
+    let child = Command::new(&f.client)
+        .args([
+            "linked", "init", "ctx", "0", "alloc", "1048576", "pause", "1500",
+        ])
+        .args(["alloc", "1048576", "alloc", "1048576", "alloc", "1048576"])
+        .env("LD_LIBRARY_PATH", &f.fake_dir)
+        .env("LD_PRELOAD", &f.shim)
+        .env("GPUVISOR_LEDGER", &path.0)
+        .env("GPUVISOR_GROUP", "0")
+        .env_remove("GPUVISOR_ROOT_PID")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while ledger.group_used_bytes(0, 0) != MIB {
+        assert!(std::time::Instant::now() < deadline, "never charged");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    // The group's bytes in use now read 8519680 TiB.
+    let used = ledger.group_record_offset(0).unwrap()
+        + std::mem::offset_of!(gpuvisor_ledger::layout::GroupRecord, used_bytes) as u64;
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path.0)
+        .unwrap();
+    file.write_all_at(&(8_519_680u64 << 40).to_le_bytes(), used)
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(
+        stdout(&out)[3..],
+        ["alloc rc=0", "alloc rc=0", "alloc rc=0"],
+        "no false refusal"
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(lines.len(), 1, "one line: {stderr}");
+    assert!(
+        lines[0].contains("is damaged (a counter of bytes in use reads more than 1 PiB)")
+            && lines[0].contains("pass through unlimited"),
+        "{stderr}"
+    );
+    assert_eq!(ledger.failed_open_count(), 1);
+    let me = ledger.snapshot().processes;
+    assert_eq!(me.len(), 1);
+    assert!(me[0].failed_open, "the supervisor can name it");
+    assert_eq!(ledger.check().unwrap_err().groups, vec![0]);
+}

@@ -57,6 +57,19 @@ pub struct Observed {
     pub events_lost: u64,
     /// The ledger file was truncated or overwritten during the run (usage after that unknown).
     pub ledger_damaged: bool,
+    /// What was found damaged, one problem each (empty when the ledger could not be read at all).
+    #[serde(default)]
+    pub ledger_problems: Vec<String>,
+    /// What the damage did to the job's processes.
+    #[serde(default)]
+    pub ledger_consequence: String,
+    /// Processes that found the ledger damaged and stopped enforcing their budget.
+    #[serde(default)]
+    pub unenforced: Vec<i32>,
+    /// Records of exited processes overwritten before the sampler read them (missing from
+    /// `processes`; the totals count them).
+    #[serde(default)]
+    pub records_lost: u64,
 }
 
 /// Everything the summary prints.
@@ -86,6 +99,14 @@ pub struct Summary {
     pub events_lost: u64,
     /// The ledger file was truncated or overwritten during the run.
     pub ledger_damaged: bool,
+    /// What was found damaged.
+    pub ledger_problems: Vec<String>,
+    /// What the damage did to the job's processes.
+    pub ledger_consequence: String,
+    /// Processes that stopped enforcing their budget after finding the damage.
+    pub unenforced: Vec<i32>,
+    /// Records of exited processes lost before they were read.
+    pub records_lost: u64,
 }
 
 impl Summary {
@@ -128,6 +149,10 @@ impl Summary {
             denials_total: observed.denials_total,
             events_lost: observed.events_lost,
             ledger_damaged: observed.ledger_damaged,
+            ledger_problems: observed.ledger_problems,
+            ledger_consequence: observed.ledger_consequence,
+            unenforced: observed.unenforced,
+            records_lost: observed.records_lost,
         }
     }
 
@@ -224,7 +249,28 @@ impl Summary {
             }
         }
         if self.ledger_damaged {
-            out.push_str("  the ledger file was truncated or overwritten during the run: usage after that is unknown, and the shim let every call through\n");
+            if self.ledger_problems.is_empty() {
+                out.push_str("  the ledger could not be read during the run (removed, truncated or overwritten): usage after that is unknown\n");
+            } else {
+                out.push_str(&format!(
+                    "  the ledger was damaged during the run: {}; {}\n",
+                    self.ledger_problems.join("; "),
+                    self.ledger_consequence
+                ));
+            }
+            if !self.unenforced.is_empty() {
+                let pids: Vec<String> = self.unenforced.iter().map(i32::to_string).collect();
+                out.push_str(&format!(
+                    "  stopped enforcing their budget after finding the damage: pid {}\n",
+                    pids.join(", pid ")
+                ));
+            }
+        }
+        if self.records_lost > 0 {
+            out.push_str(&format!(
+                "  ({} exited processes were not read before their ledger slot was reused: they are missing above, the totals count them)\n",
+                self.records_lost
+            ));
         }
         if self.events_lost > 0 {
             out.push_str(&format!(
@@ -280,7 +326,7 @@ mod tests {
             denials: (0..12).map(|_| denial(11)).collect(),
             denials_total: 12,
             events_lost: 0,
-            ledger_damaged: false,
+            ..Observed::default()
         };
         let command = vec!["python".to_string(), "train.py".to_string()];
         let summary = Summary::new(
