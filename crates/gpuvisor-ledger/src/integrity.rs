@@ -299,12 +299,14 @@ impl Ledger {
         let devices = self.device_count as usize;
         for i in 0..self.group_count as usize {
             let g = self.group(i);
-            let label = format!("group {i} ({})", text_from_padded(&g.name));
+            // Only built when there is something to say (this runs every sampling tick).
+            let label = || format!("group {i} ({})", text_from_padded(&g.name));
             let mut bad = false;
             if !self.group_check_holds(i) {
                 bad = true;
                 damage.problems.push(format!(
-                    "{label}: its limits were overwritten (checksum mismatch)"
+                    "{}: its limits were overwritten (checksum mismatch)",
+                    label()
                 ));
             }
             for d in 0..devices {
@@ -314,7 +316,8 @@ impl Ledger {
                     if value > PLAUSIBLE_BYTES {
                         bad = true;
                         damage.problems.push(format!(
-                            "{label}: bytes {what} on device {d} read {}",
+                            "{}: bytes {what} on device {d} read {}",
+                            label(),
                             human_bytes(value)
                         ));
                     }
@@ -326,7 +329,8 @@ impl Ledger {
                 if !limits.iter().all(|l| plausible_limit(*l)) && !bad {
                     bad = true;
                     damage.problems.push(format!(
-                        "{label}: a limit on device {d} reads {}",
+                        "{}: a limit on device {d} reads {}",
+                        label(),
                         human_bytes(limits[0].max(limits[1]))
                     ));
                 }
@@ -339,7 +343,8 @@ impl Ledger {
             {
                 bad = true;
                 damage.problems.push(format!(
-                    "{label}: bytes were written where nothing is kept (overwritten)"
+                    "{}: bytes were written where nothing is kept (overwritten)",
+                    label()
                 ));
             }
             let denied = g.denied_count.load(Ordering::Relaxed);
@@ -347,7 +352,7 @@ impl Ledger {
                 bad = true;
                 damage
                     .problems
-                    .push(format!("{label}: its refusal count reads {denied}"));
+                    .push(format!("{}: its refusal count reads {denied}", label()));
             }
             if bad {
                 damage.groups.push(i as u32);
