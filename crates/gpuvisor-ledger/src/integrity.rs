@@ -86,6 +86,9 @@ fn words_of(bytes: &[u8]) -> impl Iterator<Item = u64> + '_ {
     })
 }
 
+/// Damaged slots named one by one in [`LedgerDamage::problems`]; the rest are counted.
+const SLOTS_NAMED: usize = 3;
+
 fn plausible_limit(limit: u64) -> bool {
     limit == NO_LIMIT || limit <= PLAUSIBLE_BYTES
 }
@@ -299,10 +302,18 @@ impl Ledger {
         let devices = self.device_count as usize;
         for i in 0..self.group_count as usize {
             let g = self.group(i);
-            // Only built when there is something to say (this runs every sampling tick).
-            let label = || format!("group {i} ({})", text_from_padded(&g.name));
+            let sound = self.group_check_holds(i);
+            // Only built when there is something to say (this runs every sampling tick); the
+            // name only while it matches its checksum.
+            let label = || {
+                if sound {
+                    format!("group {i} ({})", text_from_padded(&g.name))
+                } else {
+                    format!("group {i}")
+                }
+            };
             let mut bad = false;
-            if !self.group_check_holds(i) {
+            if !sound {
                 bad = true;
                 damage.problems.push(format!(
                     "{}: its limits were overwritten (checksum mismatch)",
@@ -394,9 +405,19 @@ impl Ledger {
                 ));
             }
             if let Some(problem) = problem {
-                damage.problems.push(problem);
+                // The first few in words; the rest in one count (random bytes over the file
+                // would otherwise make thousands of lines).
+                if damage.slots.len() < SLOTS_NAMED {
+                    damage.problems.push(problem);
+                }
                 damage.slots.push(i as u32);
             }
+        }
+        if damage.slots.len() > SLOTS_NAMED {
+            damage.problems.push(format!(
+                "{} more slots hold impossible values",
+                damage.slots.len() - SLOTS_NAMED
+            ));
         }
         if damage.problems.is_empty() {
             Ok(())

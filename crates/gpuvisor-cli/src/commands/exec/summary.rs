@@ -252,9 +252,12 @@ impl Summary {
             if self.ledger_problems.is_empty() {
                 out.push_str("  the ledger could not be read during the run (removed, truncated or overwritten): usage after that is unknown\n");
             } else {
+                let problems = gpuvisor_ledger::LedgerDamage {
+                    problems: self.ledger_problems.clone(),
+                    ..Default::default()
+                };
                 out.push_str(&format!(
-                    "  the ledger was damaged during the run: {}; {}\n",
-                    self.ledger_problems.join("; "),
+                    "  the ledger was damaged during the run: {problems}; {}\n",
                     self.ledger_consequence
                 ));
             }

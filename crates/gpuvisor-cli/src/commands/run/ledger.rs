@@ -54,6 +54,8 @@ struct DamageSeen {
     unenforced: Vec<i32>,
     /// `failed_open_count` when last looked at.
     failed_open: u64,
+    /// What the damage did, as last said.
+    consequence: String,
 }
 
 impl LedgerHooks {
@@ -193,6 +195,7 @@ impl LedgerHooks {
                         .with("consequence", damage.consequence()),
                 );
                 self.damage.problems.extend(new);
+                self.damage.consequence = damage.consequence();
             }
             self.damage.all |= damage.header || damage.truncated;
             self.damage.truncated |= damage.truncated;
@@ -357,6 +360,26 @@ impl Hooks for LedgerHooks {
     }
 
     fn finish(&mut self) -> Vec<Event> {
+        if !self.damage.problems.is_empty() {
+            // Part of the end of the run, next to the summary table (whose GPU peaks are the
+            // last sound figures).
+            let problems = gpuvisor_ledger::LedgerDamage {
+                problems: self.damage.problems.clone(),
+                ..Default::default()
+            };
+            let mut line = format!(
+                "gpuvisor: the ledger was damaged during this run: {problems}; {}; GPU figures after that are the last sound ones",
+                self.damage.consequence
+            );
+            if !self.damage.unenforced.is_empty() {
+                let pids: Vec<String> = self.damage.unenforced.iter().map(i32::to_string).collect();
+                line.push_str(&format!(
+                    "; stopped enforcing their budget: pid {}",
+                    pids.join(", pid ")
+                ));
+            }
+            eprintln!("{line}");
+        }
         for file in &self.files {
             let _ = std::fs::remove_file(file);
         }
