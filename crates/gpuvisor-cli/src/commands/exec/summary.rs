@@ -359,4 +359,36 @@ gpuvisor: `python train.py` exited with status 0 after 1.5 s
         assert!(text.contains("    ... and 2 more\n"), "{text}");
         assert!(text.ends_with("  CPU-only violations: 1 process(es) tried to use CUDA and were refused\n    pid 12: /usr/bin/python3 collect.py\n"), "{text}");
     }
+
+    #[test]
+    fn damage_is_said_precisely_with_the_processes_that_stopped_enforcing() {
+        let observed = Observed {
+            ledger_damaged: true,
+            ledger_problems: vec![
+                "group 0 (g): its limits were overwritten (checksum mismatch)".into(),
+            ],
+            ledger_consequence: "processes of the damaged budget(s) stop enforcing at their next refusal instead of refusing falsely (one line each)".into(),
+            unenforced: vec![41, 42],
+            ..Observed::default()
+        };
+        let summary = Summary::new(
+            observed,
+            vec!["job".into()],
+            41,
+            vec![0],
+            1,
+            0,
+            None,
+            Duration::from_secs(1),
+        );
+        let text = summary.render();
+        assert!(text.contains("  the ledger was damaged during the run: group 0 (g): its limits were overwritten (checksum mismatch); processes of the damaged budget(s) stop enforcing"), "{text}");
+        assert!(
+            text.contains(
+                "  stopped enforcing their budget after finding the damage: pid 41, pid 42\n"
+            ),
+            "{text}"
+        );
+        assert!(!text.contains("let every call through"), "{text}");
+    }
 }
