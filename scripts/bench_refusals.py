@@ -83,8 +83,9 @@ def measure(work, tool, processes, each, limit):
 
 
 def section(args):
-    each = args.each or (200 if args.quick else 1000)
-    rounds = args.rounds or (1 if args.quick else 5)
+    # bench.py's arguments have neither (only --quick): the defaults then.
+    each = getattr(args, "each", None) or (200 if args.quick else 1000)
+    rounds = getattr(args, "rounds", None) or (1 if args.quick else 5)
     with tempfile.TemporaryDirectory(prefix="gpuvisor-bench-refusals-") as tmp:
         work = Path(tmp)
         tool = build(work)
