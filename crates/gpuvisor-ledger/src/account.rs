@@ -310,9 +310,11 @@ impl Ledger {
             });
         }
         let g = self.group(group as usize);
-        g.limit_bytes[device].store(limit_bytes, Ordering::Relaxed);
-        g.per_process_limit_bytes[device].store(per_process_limit_bytes, Ordering::Relaxed);
-        // The checksum follows the limits (readers re-check a mismatch a few times).
+        // Readers take "changing" as sound (the limits are being written), however long this
+        // thread is preempted between the stores; the new checksum closes the change.
+        g.check.store(GROUP_CHECK_CHANGING, Ordering::Release);
+        g.limit_bytes[device].store(limit_bytes, Ordering::Release);
+        g.per_process_limit_bytes[device].store(per_process_limit_bytes, Ordering::Release);
         g.check
             .store(self.group_checksum(group as usize), Ordering::Release);
         Ok(())

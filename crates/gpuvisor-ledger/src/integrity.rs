@@ -138,12 +138,13 @@ impl Ledger {
     }
 
     /// Whether group `i`'s checksum holds. The supervisor may be changing its limits right now
-    /// ([`Ledger::set_group_limits`] stores the limits, then the checksum): a mismatch is
-    /// re-read a few times before it counts.
+    /// ([`Ledger::set_group_limits`] marks the checksum [`GROUP_CHECK_CHANGING`], stores the
+    /// limits, then the new checksum): "changing" counts as sound, and a mismatch is re-read a
+    /// few times (a change that ended between the two reads) before it counts.
     fn group_check_holds(&self, i: usize) -> bool {
         for _ in 0..4 {
             let stored = self.group(i).check.load(Ordering::Acquire);
-            if self.group_checksum(i) == stored {
+            if stored == GROUP_CHECK_CHANGING || self.group_checksum(i) == stored {
                 return true;
             }
             std::hint::spin_loop();

@@ -224,6 +224,11 @@ pub struct EventRecord {
     pub exe: [AtomicU64; EVENT_EXE_LEN / 8],
 }
 
+/// [`GroupRecord::check`] while the supervisor changes the group's limits. Bytes of `0xff`
+/// over a group read as this, but their limits then read "no limit" (no false refusal) and
+/// their counters fail the bounds.
+pub const GROUP_CHECK_CHANGING: u64 = u64::MAX;
+
 /// A checksum of words (not cryptographic: it catches overwrites and random bytes, not an
 /// attacker who can write the file, who could write any budget anyway).
 pub fn checksum(words: impl IntoIterator<Item = u64>) -> u64 {
@@ -232,7 +237,8 @@ pub fn checksum(words: impl IntoIterator<Item = u64>) -> u64 {
         h = (h ^ w).wrapping_mul(0x9E37_79B9_7F4A_7C15);
         h ^= h >> 29;
     }
-    h
+    // Never the "changing" marker.
+    h.min(GROUP_CHECK_CHANGING - 1)
 }
 
 /// Rounds `n` up to a multiple of 64.

@@ -214,3 +214,29 @@ fn the_refusal_total_is_exact_when_the_ring_overflows() {
     assert_eq!(batch.events.len(), 16, "the ring keeps only the latest");
     assert_eq!(batch.lost, 40_000 - 16);
 }
+
+#[test]
+fn limits_changing_while_others_check_are_never_damage() {
+    let path = TempPath::new("changing");
+    let ledger = Ledger::create(&path.0, &devices(1), &[group("g", &[10 * GIB], &[])]).unwrap();
+    let slot = ledger.register_current_process(0).unwrap();
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            let mut n = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                ledger
+                    .set_group_limits(0, 0, GIB + n % 1000, NO_LIMIT)
+                    .unwrap();
+                n += 1;
+            }
+        });
+        for _ in 0..100_000 {
+            assert_eq!(ledger.group_intact(slot, 0), Ok(()));
+        }
+        for _ in 0..200 {
+            assert_eq!(ledger.check(), Ok(()));
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    });
+}
