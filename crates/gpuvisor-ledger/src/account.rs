@@ -96,12 +96,24 @@ fn with_state(owner: u64, state: u64) -> u64 {
     (owner & !(0xff << STATE_SHIFT)) | (state << STATE_SHIFT)
 }
 
-/// Subtracts without ever leaving the counter wrapped below zero: an over-subtraction (only
-/// possible after a process died between its two adds) is clamped to 0 and counted.
+/// Subtracts without the counter ever going below zero, not even for an instant: an
+/// over-subtraction (only possible after a process died between its two adds) is clamped to 0
+/// and counted. A compare-and-swap loop rather than `fetch_sub` and a repair: a wrapped value
+/// seen by a reader in between would look like damage (more than [`PLAUSIBLE_BYTES`]).
 fn sub_clamped(counter: &AtomicU64, bytes: u64, repairs: &AtomicU64) {
-    let old = counter.fetch_sub(bytes, Ordering::AcqRel);
-    if old < bytes {
-        counter.fetch_add(bytes - old, Ordering::AcqRel);
+    let mut current = counter.load(Ordering::Relaxed);
+    loop {
+        match counter.compare_exchange_weak(
+            current,
+            current.saturating_sub(bytes),
+            Ordering::AcqRel,
+            Ordering::Relaxed,
+        ) {
+            Ok(_) => break,
+            Err(seen) => current = seen,
+        }
+    }
+    if current < bytes {
         repairs.fetch_add(1, Ordering::Relaxed);
     }
 }
