@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Refusal benchmark: what a refused allocation costs when many processes share one budget.
 
-Usage: python3 scripts/bench_refusals.py [--quick] [--each K] [--rounds N] [--write]
+Usage: python3 scripts/bench_refusals.py [--quick] [--each K] [--rounds N] [--baseline REV] [--write]
 
 Prints the "## Shim: refusals under contention" section of docs/benchmarks.md (and replaces that
 section in the file with --write, redrawing its chart docs/benchmarks/refusals.svg from the table).
@@ -16,7 +16,10 @@ the C fake driver of the shim's tests. Reported: refusals per second of wall tim
 together, from the start signal to the last one done), CPU time per refusal (the processes' CPU
 over their refusal loops / refusals; median of the rounds, min–max) and the worst process's. For
 comparison, the same program with no limit: then every attempt is an allocation the ledger
-charges and the fake driver grants, plus its free (a charge and an uncharge).
+charges and the fake driver grants, plus its free (a charge and an uncharge). With --baseline
+REV, the shim and ledger of git revision REV (e.g. the one before issue 14) are measured too,
+one round of 200 refusals per process, up to 256 processes (at 1,024 the old scan per refusal
+would take most of an hour).
 """
 import argparse
 import os
@@ -45,6 +48,25 @@ def run(args, **kwargs):
     return result
 
 
+def build_baseline(work, rev):
+    """The shim, ledger and ledger_tool of git revision `rev`, optimised, in work/baseline."""
+    base = work / "baseline"
+    base.mkdir()
+    archive = subprocess.run(["git", "archive", rev, "crates/gpuvisor-ledger", "crates/gpuvisor-shim/src"],
+                             cwd=ROOT, capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", base], input=archive, check=True)
+    rustc = os.environ.get("RUSTC", "rustc")
+    optimised = ["--edition", "2021", "-C", "opt-level=3", "-C", "debuginfo=0"]
+    ledger = f"gpuvisor_ledger={base / 'libgpuvisor_ledger.rlib'}"
+    run([rustc, *optimised, "--out-dir", base, "--crate-type", "rlib", "--crate-name", "gpuvisor_ledger",
+         base / "crates" / "gpuvisor-ledger" / "src" / "lib.rs"])
+    run([rustc, *optimised, "--out-dir", base, "--crate-type", "cdylib", "--crate-name", "gpuvisor_shim",
+         "--extern", ledger, base / "crates" / "gpuvisor-shim" / "src" / "lib.rs"])
+    run([rustc, *optimised, "--extern", ledger, "-o", base / "ledger_tool",
+         base / "crates" / "gpuvisor-ledger" / "examples" / "ledger_tool.rs"])
+    return base, base / "ledger_tool"
+
+
 def build(work):
     """The fake driver, the refusals program, the optimised shim and ledger_tool."""
     cc = os.environ.get("CC", "cc")
@@ -64,13 +86,14 @@ def build(work):
     return target / "release" / "examples" / "ledger_tool"
 
 
-def measure(work, tool, processes, each, limit):
-    """One run of `refusals` under the shim; its fields as numbers."""
+def measure(work, tool, processes, each, limit, shim_dir=None):
+    """One run of `refusals` under the shim (in `shim_dir`, default `work`); its fields."""
     ledger = Path("/dev/shm" if Path("/dev/shm").is_dir() else tempfile.gettempdir()) / \
         f"gpuvisor-bench-refusals-{os.getpid()}"
     run([tool, "create", ledger, f"{UUID}={80 << 30}", f"bench:{limit}:-"])
     try:
-        env = dict(os.environ, LD_LIBRARY_PATH=str(work), LD_PRELOAD=str(work / "libgpuvisor_shim.so"),
+        shim = (shim_dir or work) / "libgpuvisor_shim.so"
+        env = dict(os.environ, LD_LIBRARY_PATH=str(work), LD_PRELOAD=str(shim),
                    GPUVISOR_LEDGER=str(ledger), GPUVISOR_GROUP="0")
         env.pop("GPUVISOR_ROOT_PID", None)
         out = run([work / "refusals", str(processes), str(each)], env=env)
@@ -98,6 +121,12 @@ def section(args):
                     sys.exit(f"bench_refusals: {processes} processes, {kind}: refused "
                              f"{[r['refused'] for r in runs]}, expected {expected}")
                 results[processes, kind] = runs
+        baseline = getattr(args, "baseline", None)
+        if baseline:
+            base, base_tool = build_baseline(work, baseline)
+            for processes in PROCESSES:
+                if processes <= 256:
+                    results[processes, "baseline"] = [measure(work, base_tool, processes, 200, "0", base)]
 
     def spread(values, fmt, unit):
         middle = statistics.median(values)
@@ -121,9 +150,17 @@ def section(args):
              "group's budget of 0 bytes refuses, all at once; the optimised shim over the C fake driver. "
              f"*charged* is the same with no limit: every attempt is charged, granted and freed. "
              f"{rounds} round(s) per row; median (min–max). `python3 scripts/bench_refusals.py"
-             f"{' --quick' if args.quick else ''}`.", "",
-             "| processes | refusals | refusals/s (wall) | CPU ns per refusal | worst process, CPU ns per refusal | CPU ns per charged alloc+free |",
-             "|---|---|---|---|---|---|"]
+             f"{' --quick' if args.quick else ''}{f' --baseline {baseline}' if baseline else ''}`."
+             + (f" The *before* columns: the shim and ledger of `{baseline}` (before issue 14's fix), "
+                "same program and machine, one round of 200 refusals per process." if baseline else ""), "",
+             "| processes | refusals | refusals/s (wall) | CPU ns per refusal | worst process, CPU ns per refusal | CPU ns per charged alloc+free |"
+             + (f" before ({baseline}): 200 refusals each, wall | before: CPU ns per refusal |" if baseline else ""),
+             "|---|---|---|---|---|---|" + ("---|---|" if baseline else "")]
+    def before_cells(runs):
+        if not runs:
+            return " not run (the old scan per refusal: most of an hour) | |"
+        return f" {runs[0]['wall_s']:,.2f} s | {ns([runs[0]['cpu_ns_per_refusal']])} |"
+
     worst_median = 0
     for processes in PROCESSES:
         refused, charged = results[processes, "refused"], results[processes, "charged"]
@@ -133,7 +170,8 @@ def section(args):
         lines.append(
             f"| {processes:,} | {processes * each:,} | {per_second(rate)} | {ns(cpu)} | "
             f"{ns([r['max_cpu_ns_per_refusal'] for r in refused])} | "
-            f"{ns([r['cpu_ns_per_refusal'] for r in charged])} |")
+            f"{ns([r['cpu_ns_per_refusal'] for r in charged])} |"
+            + (before_cells(results.get((processes, "baseline"))) if baseline else ""))
     lines += ["",
               f"This machine has {cores} cores: wall-clock rates are N processes time-sliced on {cores} "
               "cores (fork and start-up excluded, the wait for a core included); read the CPU columns "
@@ -151,6 +189,7 @@ def main():
     parser.add_argument("--quick", action="store_true", help="200 refusals per process, one round")
     parser.add_argument("--each", type=int, help="refusals per process (default 1000)")
     parser.add_argument("--rounds", type=int, help="rounds per row (default 5)")
+    parser.add_argument("--baseline", help="also measure the shim of this git revision (e.g. bdca5a1)")
     parser.add_argument("--write", action="store_true", help="replace the section in docs/benchmarks.md")
     args = parser.parse_args()
     lines = section(args)
