@@ -81,4 +81,12 @@ device = "cpu"
         .unwrap();
     let text = String::from_utf8_lossy(&explained.stdout);
     assert!(text.contains("was damaged"), "{text}");
+    // Random limits may let every later allocation fit (then no refusal, no line); when the
+    // shim did refuse and find the damage, the learner's log says so and explain names it.
+    if log.contains("gpuvisor-shim: ledger ") {
+        assert!(
+            text.contains("stopped enforcing this process's budget"),
+            "the learner's log names it:\n{text}"
+        );
+    }
 }
