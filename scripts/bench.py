@@ -501,6 +501,8 @@ SECTIONS = {
     "sampler": lambda args: __import__("bench_sampler").section(args),
     # What the head, the agents and the preflight add to starting a job (stand-in srun).
     "cluster": lambda args: __import__("bench_cluster").section(args),
+    # Refused allocations with 16 to 1,024 processes sharing one budget.
+    "refusals": lambda args: __import__("bench_refusals").section(args),
 }
 
 

@@ -26,6 +26,7 @@ HEADINGS = {
     "supervisor": "Supervisor",
     "sampler": "Sampler",
     "cluster": "Multi-node start-up",
+    "refusals": "Shim: refusals under contention",
 }
 
 SECONDS = {"ps": 1e-12, "ns": 1e-9, "µs": 1e-6, "us": 1e-6, "ms": 1e-3, "s": 1.0}
@@ -247,6 +248,16 @@ def cluster_chart(text):
     ], ["Whiskers: min–max of the multi-node runs. All agents share one machine here."])
 
 
+def refusals_chart(text):
+    _, rows = first_table(text, "refusals", "processes")
+    refused = [table_bar(f"{plain(row[0])} processes", row[3], "ns") for row in rows]
+    charged = [table_bar(f"{plain(row[0])} processes", row[5], "ns", "baseline") for row in rows]
+    return Chart("Shim: CPU per refused allocation, many processes sharing one budget", [
+        Panel("CPU ns per refusal", "ns", refused, 2000, "target 2,000 ns"),
+        Panel("CPU ns per charged alloc+free (for comparison)", "ns", charged),
+    ], ["Median of the rounds; whiskers min–max."])
+
+
 BUILDERS = {
     "planner": planner_chart,
     "explain": explain_chart,
@@ -255,6 +266,7 @@ BUILDERS = {
     "supervisor": supervisor_chart,
     "sampler": sampler_chart,
     "cluster": cluster_chart,
+    "refusals": refusals_chart,
 }
 
 

@@ -387,10 +387,24 @@ fn damaged_ledger_passes_through(damage: &str) {
     let program_stderr = run.program_stderr();
     let shim_lines: Vec<&str> = program_stderr
         .lines()
-        .filter(|line| line.contains("ledger"))
+        .filter(|line| line.starts_with("gpuvisor-shim:"))
         .collect();
     assert_eq!(shim_lines.len(), 1, "one clear line: {}", run.context());
     assert_eq!(run.summary["ledger_damaged"], true, "{}", run.context());
+    // gpuvisor says what happened, once, when it happened.
+    let said: Vec<&str> = program_stderr
+        .lines()
+        .filter(|line| line.starts_with("gpuvisor: the ledger "))
+        .collect();
+    assert_eq!(said.len(), 1, "{}", run.context());
+    assert!(
+        !run.summary["ledger_problems"]
+            .as_array()
+            .unwrap()
+            .is_empty(),
+        "{}",
+        run.context()
+    );
 }
 
 #[test]
@@ -550,4 +564,102 @@ fn a_gpu_outside_the_job_is_fenced_off() {
         "the fenced GPU follows the job's in the ledger"
     );
     assert_eq!(denial["limit_bytes"], 0, "{}", run.context());
+}
+
+/// Waits (in the script) until `$D/NAME` exists.
+fn wait_for(name: &str) -> String {
+    format!(r#"while [ ! -e "$D/{name}" ]; do sleep 0.02; done"#)
+}
+
+#[test]
+fn random_bytes_across_the_ledger_are_reported_and_never_a_storm_of_false_refusals() {
+    // Issue 14 item 4: random bytes over the file made every later allocation fail and the
+    // summary print "8519680.0 TiB in use".
+    let barrier = barrier_dir("random-bytes");
+    let script = format!(
+        r#""$P" init ctx 0 alloc 1GiB touch "$D/a" wait-file "$D/b" alloc 1GiB alloc 1GiB alloc 1GiB &
+{}
+dd if=/dev/urandom of="$GPUVISOR_LEDGER" bs=$(stat -c %s "$GPUVISOR_LEDGER") count=1 conv=notrunc 2>/dev/null
+sleep 0.3; touch "$D/b"; wait"#,
+        wait_for("a")
+    );
+    let run = exec_shell(
+        &["--simulate", "1x16GiB", "--mem", "2GiB"],
+        &script,
+        &barrier,
+    );
+    assert_eq!(run.code, Some(0), "{}", run.context());
+    assert_eq!(
+        run.rcs("alloc"),
+        [0, 0, 0, 0],
+        "no false refusal after the damage: {}",
+        run.context()
+    );
+    let shim_lines = run
+        .program_stderr()
+        .lines()
+        .filter(|line| line.starts_with("gpuvisor-shim:"))
+        .count();
+    assert!(
+        shim_lines <= 1,
+        "at most one line from the shim: {}",
+        run.context()
+    );
+    assert_eq!(run.summary["ledger_damaged"], true, "{}", run.context());
+    let problems = run.summary["ledger_problems"].as_array().unwrap();
+    assert!(!problems.is_empty(), "{}", run.context());
+    assert!(
+        run.stderr.contains("gpuvisor: the ledger ") && run.stderr.contains(" was damaged: "),
+        "a console line when it happened: {}",
+        run.context()
+    );
+    // No absurd figure: peaks are the last sound ones (1 GiB), never random bytes.
+    for process in run.processes() {
+        for peak in process["peak_bytes"].as_array().unwrap() {
+            assert!(peak.as_u64().unwrap() <= 16 * GIB, "{}", run.context());
+        }
+    }
+    assert!(run.summary["denials_total"].as_u64().unwrap() < 1 << 40);
+}
+
+#[test]
+fn an_overwritten_header_leaves_running_processes_enforced_and_says_so() {
+    // Issue 14 item 4: new processes ran unlimited while the summary said "the shim let every
+    // call through" for processes that were still enforced.
+    let barrier = barrier_dir("header");
+    let script = format!(
+        r#""$P" init ctx 0 alloc 1GiB touch "$D/a" wait-file "$D/b" alloc 2GiB &
+{}
+printf 'XXXXXXXXXXXXXXXX' | dd of="$GPUVISOR_LEDGER" bs=1 seek=96 conv=notrunc 2>/dev/null
+sleep 0.3; "$P" init ctx 0 alloc 3GiB; touch "$D/b"; wait"#,
+        wait_for("a")
+    );
+    let run = exec_shell(
+        &["--simulate", "1x16GiB", "--mem-per-process", "2GiB"],
+        &script,
+        &barrier,
+    );
+    assert_eq!(run.code, Some(0), "{}", run.context());
+    assert_eq!(
+        run.rcs("alloc"),
+        [0, 0, OUT_OF_MEMORY],
+        "the new process ran unlimited, the running one kept its budget: {}",
+        run.context()
+    );
+    let shim_lines: Vec<&str> = run
+        .stderr
+        .lines()
+        .filter(|line| line.starts_with("gpuvisor-shim:"))
+        .collect();
+    assert_eq!(shim_lines.len(), 1, "{}", run.context());
+    assert!(shim_lines[0].contains("checksum"), "{}", run.context());
+    assert_eq!(run.summary["ledger_damaged"], true);
+    let consequence = run.summary["ledger_consequence"].as_str().unwrap();
+    assert!(
+        consequence.contains("start from now on")
+            && consequence.contains("already running keep their budget"),
+        "{consequence}"
+    );
+    assert_eq!(run.summary["unenforced"], serde_json::json!([]));
+    assert_eq!(run.summary["denials_total"], 1, "{}", run.context());
 }

@@ -84,7 +84,7 @@ pub const MAX_CHARGE_BYTES: u64 = 1 << 56;
 const GEN_SHIFT: u32 = 40;
 const STATE_SHIFT: u32 = 32;
 
-fn owner_state(owner: u64) -> u64 {
+pub(crate) fn owner_state(owner: u64) -> u64 {
     (owner >> STATE_SHIFT) & 0xff
 }
 
@@ -96,12 +96,24 @@ fn with_state(owner: u64, state: u64) -> u64 {
     (owner & !(0xff << STATE_SHIFT)) | (state << STATE_SHIFT)
 }
 
-/// Subtracts without ever leaving the counter wrapped below zero: an over-subtraction (only
-/// possible after a process died between its two adds) is clamped to 0 and counted.
+/// Subtracts without the counter ever going below zero, not even for an instant: an
+/// over-subtraction (only possible after a process died between its two adds) is clamped to 0
+/// and counted. A compare-and-swap loop rather than `fetch_sub` and a repair: a wrapped value
+/// seen by a reader in between would look like damage (more than [`PLAUSIBLE_BYTES`]).
 fn sub_clamped(counter: &AtomicU64, bytes: u64, repairs: &AtomicU64) {
-    let old = counter.fetch_sub(bytes, Ordering::AcqRel);
-    if old < bytes {
-        counter.fetch_add(bytes - old, Ordering::AcqRel);
+    let mut current = counter.load(Ordering::Relaxed);
+    loop {
+        match counter.compare_exchange_weak(
+            current,
+            current.saturating_sub(bytes),
+            Ordering::AcqRel,
+            Ordering::Relaxed,
+        ) {
+            Ok(_) => break,
+            Err(seen) => current = seen,
+        }
+    }
+    if current < bytes {
         repairs.fetch_add(1, Ordering::Relaxed);
     }
 }
@@ -310,8 +322,13 @@ impl Ledger {
             });
         }
         let g = self.group(group as usize);
-        g.limit_bytes[device].store(limit_bytes, Ordering::Relaxed);
-        g.per_process_limit_bytes[device].store(per_process_limit_bytes, Ordering::Relaxed);
+        // Readers take "changing" as sound (the limits are being written), however long this
+        // thread is preempted between the stores; the new checksum closes the change.
+        g.check.store(GROUP_CHECK_CHANGING, Ordering::Release);
+        g.limit_bytes[device].store(limit_bytes, Ordering::Release);
+        g.per_process_limit_bytes[device].store(per_process_limit_bytes, Ordering::Release);
+        g.check
+            .store(self.group_checksum(group as usize), Ordering::Release);
         Ok(())
     }
 
@@ -403,7 +420,19 @@ impl Ledger {
         released
     }
 
+    /// Claims a free slot; if there is none, the slot of an exited process whose record the
+    /// supervisor has not read yet (counted in `exited_overwritten`).
     fn try_claim(&self, group: u32, identity: &ProcessIdentity) -> Option<SlotId> {
+        self.try_claim_from(group, identity, false)
+            .or_else(|| self.try_claim_from(group, identity, true))
+    }
+
+    fn try_claim_from(
+        &self,
+        group: u32,
+        identity: &ProcessIdentity,
+        exited: bool,
+    ) -> Option<SlotId> {
         let n = self.slot_count as usize;
         // Fibonacci hashing spreads consecutive pids over the slot array.
         let start =
@@ -412,7 +441,12 @@ impl Ledger {
             let index = (start + k) % n;
             let s = self.slot(index);
             let owner = s.owner.load(Ordering::Relaxed);
-            if owner != SLOT_FREE {
+            let wanted = if exited {
+                owner_state(owner) == SLOT_STATE_EXITED
+            } else {
+                owner == SLOT_FREE
+            };
+            if !wanted {
                 continue;
             }
             // A generation in the owner word makes a stale reclaimer's CAS fail (ABA on pid reuse).
@@ -420,10 +454,15 @@ impl Ledger {
             let claiming =
                 (generation << GEN_SHIFT) | owner_word(SLOT_STATE_CLAIMING, identity.pid);
             if s.owner
-                .compare_exchange(SLOT_FREE, claiming, Ordering::AcqRel, Ordering::Relaxed)
+                .compare_exchange(owner, claiming, Ordering::AcqRel, Ordering::Relaxed)
                 .is_err()
             {
                 continue;
+            }
+            if exited {
+                self.header()
+                    .exited_overwritten
+                    .fetch_add(1, Ordering::Relaxed);
             }
             s.start_time.store(identity.start_time, Ordering::Relaxed);
             s.group.store(group, Ordering::Relaxed);
@@ -467,8 +506,9 @@ impl Ledger {
             .fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Frees `slot` now, returning what it still had charged to its group. For a process that
-    /// is exiting cleanly; a dead process's slot is freed by [`Ledger::reclaim_dead`].
+    /// Returns what `slot` still has charged to its group and retires the slot (its record
+    /// stays for the supervisor, see [`SLOT_STATE_EXITED`]). For a process that is exiting
+    /// cleanly; a dead process's slot is retired by [`Ledger::reclaim_dead`].
     pub fn release_slot(&self, slot: SlotId) -> Option<ReclaimedProcess> {
         let s = self.slot(slot.index as usize);
         let owner = s.owner.load(Ordering::Acquire);
@@ -488,8 +528,11 @@ impl Ledger {
         }
     }
 
-    /// Frees the slots of every dead process (gone, zombie, or its pid now belongs to a
+    /// Retires the slots of every dead process (gone, zombie, or its pid now belongs to a
     /// process with another start time) and subtracts what they had charged from their groups.
+    /// Their records (pid, name, peaks, refusals) stay readable through
+    /// [`Ledger::exited_processes`] until [`Ledger::release_exited`] or a new process needs the
+    /// slot.
     ///
     /// Costs one `kill(pid, 0)` and one read of `/proc/PID/stat` per registered process; the
     /// supervisor calls it when children exit or on its polling tick.
@@ -501,11 +544,35 @@ impl Ledger {
     }
 
     /// [`Ledger::reclaim_dead`] limited to the slots of one group; returns how many were freed.
-    /// The shim calls this before refusing an allocation; it allocates nothing on the heap.
+    /// Allocates nothing on the heap; costs a `kill` and a `/proc` read per process of the group.
     pub fn reclaim_dead_in_group(&self, group: u32) -> usize {
         (0..self.slot_count as usize)
             .filter(|i| self.reclaim_if_dead(*i, Some(group)).is_some())
             .count()
+    }
+
+    /// [`Ledger::reclaim_dead_in_group`], unless a scan of this group started less than
+    /// [`RECLAIM_INTERVAL_NS`] before `now_ns` (`CLOCK_MONOTONIC`, [`crate::sys::monotonic_ns`])
+    /// or is under way: then 0 at once, with no system call. What the shim calls before refusing
+    /// on the group limit, so that refusals cost the same whatever the size of the group and
+    /// however fast they come: at most one scan per group per interval, by whichever refusal
+    /// comes first (one CAS decides).
+    pub fn reclaim_dead_in_group_throttled(&self, group: u32, now_ns: u64) -> usize {
+        if group >= self.group_count {
+            return 0;
+        }
+        let last = &self.group(group as usize).last_reclaim_ns;
+        let seen = last.load(Ordering::Relaxed);
+        if seen != 0 && now_ns.wrapping_sub(seen) < RECLAIM_INTERVAL_NS {
+            return 0;
+        }
+        if last
+            .compare_exchange(seen, now_ns.max(1), Ordering::AcqRel, Ordering::Relaxed)
+            .is_err()
+        {
+            return 0;
+        }
+        self.reclaim_dead_in_group(group)
     }
 
     fn reclaim_if_dead(&self, index: usize, group: Option<u32>) -> Option<Reclaimed> {
@@ -535,7 +602,9 @@ impl Ledger {
         self.reclaim_owner(index, owner)
     }
 
-    /// Takes the slot from `owner` (CAS, so exactly one reclaimer wins) and frees it.
+    /// Takes the slot from `owner` (CAS, so exactly one reclaimer wins), returns its charges to
+    /// its group and retires it: the owner word keeps the pid and generation in state
+    /// [`SLOT_STATE_EXITED`], and the record (start time, name, peaks, refusals, flags) stays.
     fn reclaim_owner(&self, index: usize, owner: u64) -> Option<Reclaimed> {
         let s = self.slot(index);
         let reclaiming = with_state(owner, SLOT_STATE_RECLAIMING);
@@ -556,10 +625,9 @@ impl Ledger {
         }
         for d in 0..MAX_DEVICES {
             s.used_bytes[d].store(0, Ordering::Relaxed);
-            s.peak_bytes[d].store(0, Ordering::Relaxed);
         }
-        s.start_time.store(0, Ordering::Relaxed);
-        s.owner.store(SLOT_FREE, Ordering::Release);
+        s.owner
+            .store(with_state(owner, SLOT_STATE_EXITED), Ordering::Release);
         Some(Reclaimed {
             slot: index as u32,
             pid: owner_pid(owner),
@@ -568,8 +636,24 @@ impl Ledger {
         })
     }
 
-    pub(crate) fn slot_owner(&self, index: usize) -> (bool, i32) {
+    pub(crate) fn slot_owner(&self, index: usize) -> (u64, i32) {
         let owner = self.slot(index).owner.load(Ordering::Acquire);
-        (owner_state(owner) == SLOT_STATE_LIVE, owner_pid(owner))
+        (owner, owner_pid(owner))
+    }
+
+    /// Frees the slots of the exited processes in `records` (from [`Ledger::exited_processes`])
+    /// once the caller has kept what it needs of them; a slot re-claimed since is left alone
+    /// (its owner word changed). Returns how many were freed.
+    pub fn release_exited(&self, records: &[crate::ProcessUsage]) -> usize {
+        records
+            .iter()
+            .filter(|r| r.exited && (r.slot as usize) < self.slot_count as usize)
+            .filter(|r| {
+                self.slot(r.slot as usize)
+                    .owner
+                    .compare_exchange(r.claim, SLOT_FREE, Ordering::AcqRel, Ordering::Relaxed)
+                    .is_ok()
+            })
+            .count()
     }
 }

@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64};
 /// First 8 bytes of every ledger file.
 pub const MAGIC: [u8; 8] = *b"GPUVLDG\0";
 /// Layout version; bumped on any change to the records below.
-pub const LAYOUT_VERSION: u32 = 1;
+pub const LAYOUT_VERSION: u32 = 2;
 /// Most devices one ledger describes (per-device arrays in groups and slots are this long).
 pub const MAX_DEVICES: usize = 16;
 /// Limit value meaning "no limit".
@@ -37,6 +37,8 @@ pub const GROUP_FLAG_CHILDREN_CPU_ONLY: u32 = 2;
 
 /// Slot flag: the process tried to use CUDA while CPU-only.
 pub const SLOT_FLAG_CPU_ONLY_VIOLATION: u32 = 1;
+/// Slot flag: the process found the ledger damaged and stopped enforcing its budget.
+pub const SLOT_FLAG_FAILED_OPEN: u32 = 2;
 
 /// Slot owner word: 0 = free; otherwise `state << 32 | pid`.
 pub const SLOT_FREE: u64 = 0;
@@ -46,6 +48,22 @@ pub const SLOT_STATE_CLAIMING: u64 = 1;
 pub const SLOT_STATE_LIVE: u64 = 2;
 /// Slot state: being reclaimed after its process died.
 pub const SLOT_STATE_RECLAIMING: u64 = 3;
+/// Slot state: its process died and its charges went back to the group, but its record (pid,
+/// name, peaks, refusals) stays until the supervisor has read it ([`crate::Ledger::release_exited`])
+/// or a new process needs the slot (then counted in [`Header::exited_overwritten`]).
+pub const SLOT_STATE_EXITED: u64 = 4;
+
+/// Largest value any byte counter (limit, use, peak) may plausibly hold: 1 PiB, more GPU memory
+/// than any machine has. A larger value can only be damage (random bytes are above it with
+/// probability 1 - 2^-14).
+pub const PLAUSIBLE_BYTES: u64 = 1 << 50;
+/// Largest plausible event or refusal count (2^40: a million refusals a second for 12 days).
+pub const PLAUSIBLE_COUNT: u64 = 1 << 40;
+
+/// How long a refusal waits before scanning its group for dead processes again (nanoseconds of
+/// `CLOCK_MONOTONIC`): the scan costs a system call or two per process of the group, so it is
+/// done at most this often per group whatever the rate of refusals.
+pub const RECLAIM_INTERVAL_NS: u64 = 100_000_000;
 
 /// Event kind: an allocation was refused.
 pub const EVENT_DENIED: u32 = 1;
@@ -101,8 +119,16 @@ pub struct Header {
     /// Slot claims ever made; its low 24 bits are the generation stamped into a slot's owner
     /// word, so a stale reclaimer cannot free a slot re-claimed by a reused pid.
     pub claims_total: AtomicU64,
+    /// Checksum of everything above `event_next_seq` and of the device table (written once at
+    /// creation; see [`crate::Ledger::check`]).
+    pub header_check: u64,
+    /// Records of exited processes overwritten by a new process before the supervisor read
+    /// them (their pid, peaks and refusals are missing from summaries; the totals are not).
+    pub exited_overwritten: AtomicU64,
+    /// Processes that stopped enforcing their budget after finding the ledger damaged.
+    pub failed_open: AtomicU64,
     /// Reserved for future counters.
-    pub reserved: [u64; 4],
+    pub reserved: u64,
 }
 
 /// One GPU the job uses.
@@ -137,6 +163,11 @@ pub struct GroupRecord {
     pub denied_count: AtomicU64,
     /// Group name, UTF-8, NUL-padded.
     pub name: [u8; GROUP_NAME_LEN],
+    /// Checksum of the limits, flags, name and index (rewritten with every limit change).
+    pub check: AtomicU64,
+    /// `CLOCK_MONOTONIC` nanoseconds of the last scan of this group for dead processes by a
+    /// refusal (0 = never), so refusals scan at most once per [`RECLAIM_INTERVAL_NS`].
+    pub last_reclaim_ns: AtomicU64,
 }
 
 /// A process slot.
@@ -191,6 +222,23 @@ pub struct EventRecord {
     pub reserved0: AtomicU32,
     /// Executable path (violations), NUL-padded.
     pub exe: [AtomicU64; EVENT_EXE_LEN / 8],
+}
+
+/// [`GroupRecord::check`] while the supervisor changes the group's limits. Bytes of `0xff`
+/// over a group read as this, but their limits then read "no limit" (no false refusal) and
+/// their counters fail the bounds.
+pub const GROUP_CHECK_CHANGING: u64 = u64::MAX;
+
+/// A checksum of words (not cryptographic: it catches overwrites and random bytes, not an
+/// attacker who can write the file, who could write any budget anyway).
+pub fn checksum(words: impl IntoIterator<Item = u64>) -> u64 {
+    let mut h: u64 = 0x6770_7576_6973_6f72; // "gpuvisor"
+    for w in words {
+        h = (h ^ w).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        h ^= h >> 29;
+    }
+    // Never the "changing" marker.
+    h.min(GROUP_CHECK_CHANGING - 1)
 }
 
 /// Rounds `n` up to a multiple of 64.

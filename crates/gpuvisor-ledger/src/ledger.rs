@@ -70,8 +70,10 @@ impl Default for CreateOptions {
 /// Dropping it unmaps the file; [`Ledger::remove`] also unlinks it.
 pub struct Ledger {
     base: *mut u8,
-    len: usize,
+    pub(crate) len: usize,
     path: PathBuf,
+    /// The file as opened (its size is checked by [`Ledger::check`] before reading further).
+    pub(crate) file: std::fs::File,
     pub(crate) device_count: u32,
     pub(crate) group_count: u32,
     pub(crate) slot_count: u32,
@@ -242,6 +244,7 @@ impl Ledger {
             base,
             len: offsets.total,
             path: path.to_path_buf(),
+            file,
             device_count: devices.len() as u32,
             group_count: groups.len() as u32,
             slot_count: options.max_processes,
@@ -323,6 +326,11 @@ impl Ledger {
                 let n = name.len().min(GROUP_NAME_LEN - 1);
                 rec.name[..n].copy_from_slice(&name[..n]);
             }
+            for i in 0..self.group_count as usize {
+                let check = self.group_checksum(i);
+                self.group(i).check.store(check, Ordering::Relaxed);
+            }
+            header.header_check = self.header_checksum();
             // Magic last: a reader that somehow maps the temporary file sees "not a ledger".
             std::sync::atomic::fence(Ordering::Release);
             header.magic = MAGIC;
@@ -455,6 +463,7 @@ impl Ledger {
             base,
             len,
             path: path.to_path_buf(),
+            file,
             device_count: h.device_count,
             group_count: h.group_count,
             slot_count: h.slot_count,
@@ -462,7 +471,15 @@ impl Ledger {
             offsets,
         };
         std::mem::forget(mapping);
+        // Checksums last: they read the device table and the groups, now known to be in bounds.
+        if let Some(damage) = ledger.check_layout() {
+            return Err(corrupt(damage));
+        }
         Ok(ledger)
+    }
+
+    pub(crate) fn offsets(&self) -> Offsets {
+        self.offsets
     }
 
     /// The ledger file's path.

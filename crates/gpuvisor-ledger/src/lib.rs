@@ -27,6 +27,7 @@
 pub mod account;
 pub mod error;
 pub mod events;
+pub mod integrity;
 pub mod layout;
 pub mod ledger;
 pub mod procfs;
@@ -38,7 +39,8 @@ pub use account::{
 };
 pub use error::LedgerError;
 pub use events::{Event, EventBatch, EventKind};
-pub use layout::{MAX_DEVICES, NO_LIMIT};
+pub use integrity::LedgerDamage;
+pub use layout::{MAX_DEVICES, NO_LIMIT, PLAUSIBLE_BYTES, PLAUSIBLE_COUNT, RECLAIM_INTERVAL_NS};
 pub use ledger::{format_uuid, parse_uuid, CreateOptions, DeviceInfo, GroupConfig, Ledger};
 pub use procfs::{is_alive, read_identity, ProcessIdentity};
 pub use snapshot::{GroupTotals, GroupUsage, ProcessUsage, Snapshot};

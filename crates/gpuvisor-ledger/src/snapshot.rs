@@ -56,6 +56,13 @@ pub struct ProcessUsage {
     pub denied_count: u64,
     /// Allocations not tracked for freeing (pointer table full).
     pub untracked_count: u64,
+    /// The process has exited (its charges went back to its group; this is its record).
+    pub exited: bool,
+    /// The process found the ledger damaged and stopped enforcing its budget.
+    pub failed_open: bool,
+    /// The slot's owner word when read (opaque; [`Ledger::release_exited`] frees only the
+    /// record that was read).
+    pub claim: u64,
 }
 
 /// Everything in the ledger at (about) one moment.
@@ -140,10 +147,48 @@ impl Ledger {
                 }
             })
             .collect();
-        let processes = (0..self.slot_count as usize)
+        let processes = self.processes_in(&[SLOT_STATE_LIVE]);
+        let batch = self.events_since(0);
+        let h = self.header();
+        Snapshot {
+            devices: self.devices(),
+            groups,
+            processes,
+            events: batch.events,
+            next_event_seq: batch.next_seq,
+            events_lost: batch.lost,
+            underflow_repairs: h.underflow_repairs.load(Ordering::Relaxed),
+            untracked_allocations: h.untracked_allocations.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Records of processes that have exited since their slot was last released (see
+    /// [`SLOT_STATE_EXITED`]): read them, then free their slots with
+    /// [`Ledger::release_exited`]. Together with [`Snapshot::processes`] read just before, every
+    /// process that ever registered is seen once, however briefly it lived.
+    pub fn exited_processes(&self) -> Vec<ProcessUsage> {
+        self.processes_in(&[SLOT_STATE_EXITED])
+    }
+
+    /// Records of exited processes overwritten by new ones before they were read.
+    pub fn exited_overwritten(&self) -> u64 {
+        self.header().exited_overwritten.load(Ordering::Relaxed)
+    }
+
+    /// Allocations refused in every group together: exact, unlike a count of the events read
+    /// (the ring keeps only the latest [`crate::CreateOptions::event_capacity`]).
+    pub fn denied_total(&self) -> u64 {
+        (0..self.group_count as usize)
+            .map(|i| self.group(i).denied_count.load(Ordering::Relaxed))
+            .fold(0u64, u64::saturating_add)
+    }
+
+    fn processes_in(&self, states: &[u64]) -> Vec<ProcessUsage> {
+        let n = self.device_count as usize;
+        (0..self.slot_count as usize)
             .filter_map(|i| {
-                let (live, pid) = self.slot_owner(i);
-                if !live {
+                let (owner, pid) = self.slot_owner(i);
+                if owner == SLOT_FREE || !states.contains(&crate::account::owner_state(owner)) {
                     return None;
                 }
                 let s = self.slot(i);
@@ -162,20 +207,11 @@ impl Ledger {
                         != 0,
                     denied_count: s.denied_count.load(Ordering::Relaxed),
                     untracked_count: s.untracked_count.load(Ordering::Relaxed),
+                    exited: crate::account::owner_state(owner) == SLOT_STATE_EXITED,
+                    failed_open: s.flags.load(Ordering::Relaxed) & SLOT_FLAG_FAILED_OPEN != 0,
+                    claim: owner,
                 })
             })
-            .collect();
-        let batch = self.events_since(0);
-        let h = self.header();
-        Snapshot {
-            devices: self.devices(),
-            groups,
-            processes,
-            events: batch.events,
-            next_event_seq: batch.next_seq,
-            events_lost: batch.lost,
-            underflow_repairs: h.underflow_repairs.load(Ordering::Relaxed),
-            untracked_allocations: h.untracked_allocations.load(Ordering::Relaxed),
-        }
+            .collect()
     }
 }

@@ -18,7 +18,21 @@ pub const O_NOCTTY: c_int = 0o400;
 /// `EPERM` from `<errno.h>`.
 pub const EPERM: i32 = 1;
 
+/// `CLOCK_MONOTONIC` from `<time.h>`.
+pub const CLOCK_MONOTONIC: c_int = 1;
+
+/// `struct timespec` (64-bit Linux).
+#[repr(C)]
+pub struct Timespec {
+    /// Seconds.
+    pub tv_sec: i64,
+    /// Nanoseconds.
+    pub tv_nsec: i64,
+}
+
 extern "C" {
+    /// clock_gettime(2): answered by the vDSO on Linux, without entering the kernel.
+    pub fn clock_gettime(clock: c_int, tp: *mut Timespec) -> c_int;
     /// mmap(2).
     pub fn mmap(
         addr: *mut c_void,
@@ -34,4 +48,20 @@ extern "C" {
     pub fn kill(pid: i32, sig: c_int) -> c_int;
     /// getpid(2).
     pub fn getpid() -> i32;
+}
+
+/// `CLOCK_MONOTONIC` in nanoseconds (the same clock in every process of the machine). No
+/// system call on Linux (vDSO), no allocation.
+pub fn monotonic_ns() -> u64 {
+    let mut ts = Timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec.
+    if unsafe { clock_gettime(CLOCK_MONOTONIC, &mut ts) } != 0 {
+        return 0;
+    }
+    (ts.tv_sec as u64)
+        .wrapping_mul(1_000_000_000)
+        .wrapping_add(ts.tv_nsec as u64)
 }

@@ -100,11 +100,22 @@ fn precharge(size: u64, device: Option<CUdevice>) -> Pre {
     }
 }
 
-/// Slow path of a refusal: if the group limit refused, free the slots of dead processes of the
-/// group once and retry; otherwise record the denial.
+/// Slow path of a refusal. First, is what refused sound? A damaged group or slot (limits that
+/// no longer match their checksum, a counter beyond any machine) means this process stops
+/// enforcing, with one line on stderr, instead of refusing everything from now on. Then, if the
+/// group limit refused, free the slots of dead processes of the group and retry — at most once
+/// per group per [`gpuvisor_ledger::RECLAIM_INTERVAL_NS`] whoever refuses, so a refusal costs
+/// no system call but in the first one of an interval. Otherwise record the denial.
 #[cold]
 fn refused(ledger: &'static Ledger, slot: SlotId, device: usize, size: u64, denial: Denial) -> Pre {
-    if denial.limit_kind == LimitKind::Group && ledger.reclaim_dead_in_group(slot.group) > 0 {
+    if let Err(why) = ledger.group_intact(slot, device) {
+        state::fail_open(ledger, Some(slot), why);
+        return Pre::Pass;
+    }
+    if denial.limit_kind == LimitKind::Group
+        && ledger.reclaim_dead_in_group_throttled(slot.group, gpuvisor_ledger::sys::monotonic_ns())
+            > 0
+    {
         match ledger.charge(slot, device, size) {
             Ok(()) => {
                 return Pre::Charged(Charge {

@@ -64,6 +64,36 @@ pub fn ledger() -> Option<&'static Ledger> {
     (!p.is_null()).then(|| unsafe { &*p })
 }
 
+static FAILED_OPEN: AtomicBool = AtomicBool::new(false);
+
+/// This process found the ledger damaged (`why`): from now on it passes every call through
+/// (its fork children too), after one line on stderr and a mark in its slot so the supervisor
+/// can name it. Frees of what was charged before pass through uncounted.
+#[cold]
+pub fn fail_open(ledger: &Ledger, slot: Option<SlotId>, why: &str) {
+    LEDGER.store(std::ptr::null_mut(), Ordering::Release);
+    if FAILED_OPEN.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    ledger.mark_failed_open(slot);
+    let mut line = [0u8; 400];
+    let mut len = 0;
+    let path = ledger.path().as_os_str();
+    use std::os::unix::ffi::OsStrExt;
+    for part in [
+        b"ledger ".as_slice(),
+        path.as_bytes(),
+        b" is damaged (".as_slice(),
+        why.as_bytes(),
+        b"); this process's CUDA calls now pass through unlimited; hint: gpuvisor reports the damage; restart the job for a fresh ledger".as_slice(),
+    ] {
+        let n = part.len().min(line.len() - len);
+        line[len..len + n].copy_from_slice(&part[..n]);
+        len += n;
+    }
+    sys::stderr_bytes(&line[..len]);
+}
+
 /// Whether this process must be kept off the GPU.
 pub fn cpu_only() -> bool {
     if INIT.load(Ordering::Acquire) != INIT_DONE {

@@ -67,10 +67,15 @@ extern "C" {
 /// Writes one line to stderr with a single write(2) (no allocation, no locks), prefixed with
 /// `gpuvisor-shim: `.
 pub fn stderr_line(message: &str) {
+    stderr_bytes(message.as_bytes())
+}
+
+/// [`stderr_line`] for bytes that need not be UTF-8 (a path).
+pub fn stderr_bytes(message: &[u8]) {
     let mut buf = [0u8; 512];
     let prefix = b"gpuvisor-shim: ";
     let mut len = 0;
-    for part in [prefix.as_slice(), message.as_bytes()] {
+    for part in [prefix.as_slice(), message] {
         let n = part.len().min(buf.len() - 1 - len);
         buf[len..len + n].copy_from_slice(&part[..n]);
         len += n;

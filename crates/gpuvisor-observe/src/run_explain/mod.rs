@@ -50,6 +50,9 @@ pub enum IncidentKind {
     /// A multi-node run lost a node (its agent went away or fell silent), a node's processes
     /// failed, or the preflight found a node that cannot reach a coordinator.
     Node,
+    /// The shared-memory ledger of budgets was damaged, or a process stopped enforcing its
+    /// budget after finding it damaged.
+    Ledger,
 }
 
 /// One process on the GPU at an incident.
@@ -141,6 +144,7 @@ pub fn explain_run(record: &RunRecord) -> RunExplanation {
         let label = match kind {
             IncidentKind::Node if event.kind == "preflight-failed" => "preflight".to_string(),
             IncidentKind::Node => format!("node {}", event.text("node").unwrap_or("?")),
+            IncidentKind::Ledger if event.kind == "ledger-damaged" => "ledger".to_string(),
             _ => event.label.clone().unwrap_or_default(),
         };
         let gpu = gpu_of(record, event, kind);
@@ -299,6 +303,42 @@ fn incident_of(event: &RunEvent) -> Option<(IncidentKind, String)> {
             IncidentKind::BudgetExceeded,
             format!("went over its budget{}", detail(event)),
         ),
+        "ledger-damaged" => {
+            let pids = |name: &str| -> Vec<String> {
+                event
+                    .fields
+                    .get(name)
+                    .and_then(|pids| pids.as_array())
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|pid| pid.as_i64())
+                    .map(|pid| pid.to_string())
+                    .collect()
+            };
+            let mut what = format!(
+                "was damaged: {}; {}",
+                event.text("what").unwrap_or("?"),
+                event.text("consequence").unwrap_or("")
+            );
+            for (name, said) in [
+                ("enforced", "still enforcing then"),
+                ("unenforced", "no longer enforcing then"),
+            ] {
+                let list = pids(name);
+                if !list.is_empty() {
+                    what.push_str(&format!("; {said}: pid {}", list.join(", pid ")));
+                }
+            }
+            (IncidentKind::Ledger, what)
+        }
+        "ledger-unenforced" => (
+            IncidentKind::Ledger,
+            format!(
+                "stopped enforcing its budget (pid {}): {}",
+                event.number("pid").unwrap_or(0),
+                reason()
+            ),
+        ),
         "node-lost" => (IncidentKind::Node, format!("was lost: {}", reason())),
         "node-failed" => (IncidentKind::Node, format!("failed: {}", reason())),
         "preflight-failed" => {
@@ -357,6 +397,7 @@ fn gpu_of(record: &RunRecord, event: &RunEvent, kind: IncidentKind) -> Option<u3
             | IncidentKind::Blocked
             | IncidentKind::CrashLoop
             | IncidentKind::Node
+            | IncidentKind::Ledger
     ) {
         return None;
     }
@@ -662,6 +703,7 @@ fn hint_for(origin: &Incident) -> String {
             "{}: its own record is in nodes/ of the run and its processes' logs in logs/; Slurm says more about the node (`sacct -j JOB`, `scontrol show node`, its slurmd log); `[cluster] on_node_failure = \"restart\"` restarts the job instead of stopping it",
             origin.replica
         ),
+        IncidentKind::Ledger => "something other than gpuvisor wrote to the job's ledger in /dev/shm (only the job's own user can): find the process that did, and restart the job for a fresh ledger; budgets were not enforced where it says so (docs/shim.md, \"A damaged ledger\")".to_string(),
         _ => format!("its log says why: `gpuvisor explain RUN/logs/{log}` (its findings are below)"),
     }
 }

@@ -342,3 +342,39 @@ fn a_lost_node_and_a_failed_preflight_are_failures_with_their_own_hints() {
     );
     assert!(explanation.chains[0].hint.contains("routes and firewalls"));
 }
+
+#[test]
+fn a_damaged_ledger_is_an_incident_that_names_the_processes() {
+    let mut events = starts();
+    events.extend([
+        json!({"t": at(4_000), "kind": "ledger-damaged",
+               "what": "group 1 (learner): bytes in use on device 0 read 8519680.0 TiB",
+               "groups": ["learner"], "truncated": false, "header": false,
+               "enforced": [101, 102], "unenforced": [],
+               "consequence": "processes of the damaged budget(s) stop enforcing at their next refusal instead of refusing falsely (one line each)"}),
+        json!({"t": at(4_050), "kind": "ledger-unenforced", "process": "learner", "pid": 101,
+               "reason": "the shim found the ledger damaged and let its CUDA calls through unlimited"}),
+    ]);
+    let explanation = explain_run(&record(&events, None));
+    let ledger: Vec<&Incident> = explanation
+        .incidents
+        .iter()
+        .filter(|i| i.kind == IncidentKind::Ledger)
+        .collect();
+    assert_eq!(ledger.len(), 2, "{:#?}", explanation.incidents);
+    assert_eq!(ledger[0].replica, "ledger");
+    assert!(
+        ledger[0].what.contains("8519680.0 TiB"),
+        "{}",
+        ledger[0].what
+    );
+    assert!(ledger[0]
+        .what
+        .contains("still enforcing then: pid 101, pid 102"));
+    assert_eq!(ledger[1].replica, "learner");
+    assert!(ledger[1]
+        .what
+        .contains("stopped enforcing its budget (pid 101)"));
+    let text = render::render_run(&explanation);
+    assert!(text.contains("was damaged"), "{text}");
+}

@@ -155,6 +155,16 @@ struct Monitor {
     /// Processes by (pid, start time); start time 0 = known only from an event so far.
     processes: BTreeMap<(i32, u64), Seen>,
     next_event: u64,
+    /// Refusals counted from the events read (a lower bound when the ring overflowed).
+    denials_seen: u64,
+    /// The ledger was found damaged: its figures are no longer merged (the last sound ones
+    /// stay), only which processes exist and which stopped enforcing.
+    damaged: bool,
+    /// Groups and slots found damaged (their figures are not read any more).
+    bad_groups: Vec<u32>,
+    bad_slots: Vec<u32>,
+    /// Each group's refusal count, as last read while that group was sound.
+    group_denials: Vec<u64>,
     observed: Observed,
 }
 
@@ -179,6 +189,11 @@ impl Monitor {
             file,
             processes: BTreeMap::new(),
             next_event: 0,
+            denials_seen: 0,
+            damaged: false,
+            bad_groups: Vec::new(),
+            bad_slots: Vec::new(),
+            group_denials: Vec::new(),
             observed: Observed::default(),
         }
     }
@@ -208,12 +223,80 @@ impl Monitor {
             .map(|(_, seen)| seen)
     }
 
+    /// Checks the ledger (within one sampling interval of any damage): records what is wrong
+    /// once, and whether its figures may still be read.
+    fn check(&mut self, ledger: &Ledger) {
+        let Err(damage) = ledger.check() else {
+            return;
+        };
+        self.damaged = true;
+        self.observed.ledger_damaged = true;
+        if damage
+            .problems
+            .iter()
+            .any(|problem| !self.observed.ledger_problems.contains(problem))
+        {
+            // Said at once (the sampler's stderr is gpuvisor's), the summary says it again.
+            eprintln!(
+                "gpuvisor: the ledger {} was damaged: {damage}; {}",
+                ledger.path().display(),
+                damage.consequence()
+            );
+        }
+        for problem in &damage.problems {
+            if !self.observed.ledger_problems.contains(problem) {
+                self.observed.ledger_problems.push(problem.clone());
+            }
+        }
+        if self.observed.ledger_consequence.is_empty() || damage.truncated {
+            self.observed.ledger_consequence = damage.consequence();
+        }
+        if damage.truncated {
+            self.file = None;
+        }
+        for group in damage.groups {
+            if !self.bad_groups.contains(&group) {
+                self.bad_groups.push(group);
+            }
+        }
+        for slot in damage.slots {
+            if !self.bad_slots.contains(&slot) {
+                self.bad_slots.push(slot);
+            }
+        }
+    }
+
+    /// Whether `process`'s figures (peaks, refusals) can be believed: always while the ledger
+    /// is sound; after damage, only from a sound slot of a sound group that names a running
+    /// process (random bytes over a slot make neither).
+    fn believed(&self, process: &gpuvisor_ledger::ProcessUsage) -> bool {
+        !self.damaged
+            || (!process.exited
+                && !self.bad_slots.contains(&process.slot)
+                && !self.bad_groups.contains(&process.group)
+                && gpuvisor_ledger::is_alive(process.pid, process.start_time))
+    }
+
     fn sample(&mut self, ledger: &Ledger) {
+        if self.file.is_some() {
+            self.check(ledger);
+        }
+        // Overwritten magic or truncated: not read again (see `intact`).
         if !self.intact() {
             return;
         }
         let snapshot = ledger.snapshot();
-        for process in snapshot.processes {
+        // Exited processes' records, read before their slots are released: together with the
+        // live ones, every process that registered is seen, however briefly it lived.
+        let exited = ledger.exited_processes();
+        for process in snapshot.processes.iter().chain(&exited) {
+            if !self.believed(process) {
+                continue;
+            }
+            if process.failed_open && !self.observed.unenforced.contains(&process.pid) {
+                self.observed.unenforced.push(process.pid);
+            }
+            let process = process.clone();
             // An event may have introduced this pid before its slot was seen: merge.
             let placeholder = self.processes.remove(&(process.pid, 0));
             let seen = self
@@ -253,6 +336,23 @@ impl Monitor {
             seen.record.denied_count = seen.record.denied_count.max(process.denied_count);
             seen.record.cpu_only_violation |= process.cpu_only_violation;
         }
+        // The groups' counters are exact; the events are only what the ring still held.
+        self.group_denials.resize(snapshot.groups.len(), 0);
+        for (group, usage) in snapshot.groups.iter().enumerate() {
+            if !self.bad_groups.contains(&(group as u32)) {
+                self.group_denials[group] = self.group_denials[group].max(usage.denied_count);
+            }
+        }
+        self.observed.denials_total = self
+            .denials_seen
+            .max(self.group_denials.iter().sum())
+            .max(self.observed.denials_total);
+        if self.damaged {
+            // The event sequence and the exited records may be damaged too.
+            return;
+        }
+        ledger.release_exited(&exited);
+        self.observed.records_lost = ledger.exited_overwritten();
         let batch = ledger.events_since(self.next_event);
         self.next_event = batch.next_seq;
         self.observed.events_lost += batch.lost;
@@ -265,7 +365,7 @@ impl Monitor {
                     limit_bytes,
                     limit_kind,
                 } => {
-                    self.observed.denials_total += 1;
+                    self.denials_seen += 1;
                     if self.observed.denials.len() < MAX_DENIALS_KEPT {
                         let limit = match limit_kind {
                             LimitKind::Process => "process",
@@ -305,6 +405,7 @@ impl Monitor {
                 }
             }
         }
+        self.observed.denials_total = self.observed.denials_total.max(self.denials_seen);
     }
 
     /// The merged state, processes by pid, denial counts from the events.
@@ -325,5 +426,68 @@ impl Monitor {
             })
             .collect();
         observed
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpuvisor_ledger::{CreateOptions, DeviceInfo, GroupConfig, ProcessIdentity};
+
+    fn ghost(pid: i32) -> ProcessIdentity {
+        ProcessIdentity {
+            pid,
+            start_time: 1,
+            state: b'S',
+            name: *b"ghost\0\0\0\0\0\0\0\0\0\0\0",
+        }
+    }
+
+    #[test]
+    fn every_refusal_and_every_process_is_counted_exactly() {
+        // Issue 14 item 8: `denials_total` was the events the ring still held (16,382 of
+        // 1,280,000), and a process reclaimed by another's refusal before any sample was
+        // missing (255 of 256 listed).
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ledger");
+        let mut group = GroupConfig::unlimited("g");
+        group.limit_bytes = vec![1 << 20];
+        let ledger = Ledger::create_with(
+            &path,
+            &[DeviceInfo {
+                uuid: "GPU-5111a7ed-0000-4000-8000-000000000001".into(),
+                total_bytes: 1 << 30,
+            }],
+            &[group],
+            &CreateOptions {
+                max_processes: 64,
+                event_capacity: 16,
+            },
+        )
+        .unwrap();
+        let mut monitor = Monitor::watching(&path);
+        let processes = 40;
+        for n in 0..processes {
+            let slot = ledger
+                .register_process(0, &ghost(2_000_000_000 + n))
+                .unwrap();
+            ledger.charge(slot, 0, 1 << 20).unwrap();
+            for _ in 0..100 {
+                let denial = ledger.charge(slot, 0, 1).unwrap_err();
+                ledger.record_denial(slot, 2_000_000_000 + n, 0, 1, &denial);
+            }
+            // Dead at once, and reclaimed by a refusal elsewhere before any sample.
+            assert_eq!(ledger.reclaim_dead_in_group(0), 1);
+        }
+        monitor.sample(&ledger);
+        let observed = monitor.observed();
+        assert_eq!(observed.denials_total, processes as u64 * 100);
+        assert_eq!(observed.processes.len(), processes as usize);
+        assert!(observed
+            .processes
+            .iter()
+            .all(|p| p.denied_count == 100 && p.peak_bytes == vec![1 << 20]));
+        assert!(ledger.exited_processes().is_empty(), "read, then released");
+        assert_eq!(observed.records_lost, 0);
     }
 }

@@ -57,6 +57,19 @@ pub struct Observed {
     pub events_lost: u64,
     /// The ledger file was truncated or overwritten during the run (usage after that unknown).
     pub ledger_damaged: bool,
+    /// What was found damaged, one problem each (empty when the ledger could not be read at all).
+    #[serde(default)]
+    pub ledger_problems: Vec<String>,
+    /// What the damage did to the job's processes.
+    #[serde(default)]
+    pub ledger_consequence: String,
+    /// Processes that found the ledger damaged and stopped enforcing their budget.
+    #[serde(default)]
+    pub unenforced: Vec<i32>,
+    /// Records of exited processes overwritten before the sampler read them (missing from
+    /// `processes`; the totals count them).
+    #[serde(default)]
+    pub records_lost: u64,
 }
 
 /// Everything the summary prints.
@@ -86,6 +99,14 @@ pub struct Summary {
     pub events_lost: u64,
     /// The ledger file was truncated or overwritten during the run.
     pub ledger_damaged: bool,
+    /// What was found damaged.
+    pub ledger_problems: Vec<String>,
+    /// What the damage did to the job's processes.
+    pub ledger_consequence: String,
+    /// Processes that stopped enforcing their budget after finding the damage.
+    pub unenforced: Vec<i32>,
+    /// Records of exited processes lost before they were read.
+    pub records_lost: u64,
 }
 
 impl Summary {
@@ -128,6 +149,10 @@ impl Summary {
             denials_total: observed.denials_total,
             events_lost: observed.events_lost,
             ledger_damaged: observed.ledger_damaged,
+            ledger_problems: observed.ledger_problems,
+            ledger_consequence: observed.ledger_consequence,
+            unenforced: observed.unenforced,
+            records_lost: observed.records_lost,
         }
     }
 
@@ -224,7 +249,31 @@ impl Summary {
             }
         }
         if self.ledger_damaged {
-            out.push_str("  the ledger file was truncated or overwritten during the run: usage after that is unknown, and the shim let every call through\n");
+            if self.ledger_problems.is_empty() {
+                out.push_str("  the ledger could not be read during the run (removed, truncated or overwritten): usage after that is unknown\n");
+            } else {
+                let problems = gpuvisor_ledger::LedgerDamage {
+                    problems: self.ledger_problems.clone(),
+                    ..Default::default()
+                };
+                out.push_str(&format!(
+                    "  the ledger was damaged during the run: {problems}; {}\n",
+                    self.ledger_consequence
+                ));
+            }
+            if !self.unenforced.is_empty() {
+                let pids: Vec<String> = self.unenforced.iter().map(i32::to_string).collect();
+                out.push_str(&format!(
+                    "  stopped enforcing their budget after finding the damage: pid {}\n",
+                    pids.join(", pid ")
+                ));
+            }
+        }
+        if self.records_lost > 0 {
+            out.push_str(&format!(
+                "  ({} exited processes were not read before their ledger slot was reused: they are missing above, the totals count them)\n",
+                self.records_lost
+            ));
         }
         if self.events_lost > 0 {
             out.push_str(&format!(
@@ -280,7 +329,7 @@ mod tests {
             denials: (0..12).map(|_| denial(11)).collect(),
             denials_total: 12,
             events_lost: 0,
-            ledger_damaged: false,
+            ..Observed::default()
         };
         let command = vec!["python".to_string(), "train.py".to_string()];
         let summary = Summary::new(
@@ -309,5 +358,37 @@ gpuvisor: `python train.py` exited with status 0 after 1.5 s
         );
         assert!(text.contains("    ... and 2 more\n"), "{text}");
         assert!(text.ends_with("  CPU-only violations: 1 process(es) tried to use CUDA and were refused\n    pid 12: /usr/bin/python3 collect.py\n"), "{text}");
+    }
+
+    #[test]
+    fn damage_is_said_precisely_with_the_processes_that_stopped_enforcing() {
+        let observed = Observed {
+            ledger_damaged: true,
+            ledger_problems: vec![
+                "group 0 (g): its limits were overwritten (checksum mismatch)".into(),
+            ],
+            ledger_consequence: "processes of the damaged budget(s) stop enforcing at their next refusal instead of refusing falsely (one line each)".into(),
+            unenforced: vec![41, 42],
+            ..Observed::default()
+        };
+        let summary = Summary::new(
+            observed,
+            vec!["job".into()],
+            41,
+            vec![0],
+            1,
+            0,
+            None,
+            Duration::from_secs(1),
+        );
+        let text = summary.render();
+        assert!(text.contains("  the ledger was damaged during the run: group 0 (g): its limits were overwritten (checksum mismatch); processes of the damaged budget(s) stop enforcing"), "{text}");
+        assert!(
+            text.contains(
+                "  stopped enforcing their budget after finding the damage: pid 41, pid 42\n"
+            ),
+            "{text}"
+        );
+        assert!(!text.contains("let every call through"), "{text}");
     }
 }

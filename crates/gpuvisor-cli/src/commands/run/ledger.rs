@@ -35,6 +35,27 @@ pub struct LedgerHooks {
     /// The NVML index of each ledger device, so events name GPUs as everything else does.
     device_gpus: Vec<u32>,
     next_event: u64,
+    /// What is known of damage to the ledger (see [`LedgerHooks::check_damage`]).
+    damage: DamageSeen,
+}
+
+/// Damage to the ledger, as reported so far: each thing once.
+#[derive(Default)]
+struct DamageSeen {
+    /// The `ledger-damaged` event was written (its problems, to report new ones only).
+    problems: Vec<String>,
+    /// Damaged groups: their usage is no longer reported.
+    groups: Vec<u32>,
+    /// Header or file damage: no usage is reported at all.
+    all: bool,
+    /// The file was truncated: the mapping is never touched again.
+    truncated: bool,
+    /// Processes reported as no longer enforcing.
+    unenforced: Vec<i32>,
+    /// `failed_open_count` when last looked at.
+    failed_open: u64,
+    /// What the damage did, as last said.
+    consequence: String,
 }
 
 impl LedgerHooks {
@@ -113,6 +134,7 @@ impl LedgerHooks {
             children_cpu_only: groups.iter().map(|group| group.children_cpu_only).collect(),
             device_gpus,
             next_event: 0,
+            damage: DamageSeen::default(),
         })
     }
 
@@ -130,7 +152,95 @@ impl LedgerHooks {
             children_cpu_only: Vec::new(),
             device_gpus: Vec::new(),
             next_event: 0,
+            damage: DamageSeen::default(),
         }
+    }
+
+    /// Checks the ledger (every tick: one `fstat` and a pass over its records) and returns the
+    /// events for what is new: `ledger-damaged` (what, to whom, with what consequence; also one
+    /// console line) and `ledger-unenforced` per process that stopped enforcing its budget.
+    fn check_damage(&mut self) -> Vec<Event> {
+        let Some(ledger) = &self.ledger else {
+            return Vec::new();
+        };
+        let mut events = Vec::new();
+        if let Err(damage) = ledger.check() {
+            let new: Vec<String> = damage
+                .problems
+                .iter()
+                .filter(|p| !self.damage.problems.contains(p))
+                .cloned()
+                .collect();
+            if !new.is_empty() {
+                let (enforced, unenforced) = if damage.truncated {
+                    (Vec::new(), Vec::new())
+                } else {
+                    ledger.enforcement()
+                };
+                let groups: Vec<String> = damage.groups.iter().map(|g| self.label(*g)).collect();
+                eprintln!(
+                    "gpuvisor: the ledger {} was damaged: {damage}; {}",
+                    self.path.display(),
+                    damage.consequence()
+                );
+                events.push(
+                    Event::new("ledger-damaged")
+                        .with("what", damage.to_string())
+                        .with("problems", new.clone())
+                        .with("truncated", damage.truncated)
+                        .with("header", damage.header)
+                        .with("groups", groups)
+                        .with("enforced", enforced)
+                        .with("unenforced", unenforced)
+                        .with("consequence", damage.consequence()),
+                );
+                self.damage.problems.extend(new);
+                self.damage.consequence = damage.consequence();
+            }
+            self.damage.all |= damage.header || damage.truncated;
+            self.damage.truncated |= damage.truncated;
+            for group in damage.groups {
+                if !self.damage.groups.contains(&group) {
+                    self.damage.groups.push(group);
+                }
+            }
+        }
+        if self.damage.truncated {
+            return events;
+        }
+        let failed_open = ledger.failed_open_count();
+        if failed_open != self.damage.failed_open {
+            self.damage.failed_open = failed_open;
+            let live = ledger.snapshot().processes;
+            let exited = ledger.exited_processes();
+            // Under damage a slot may be random bytes: only records that name a running
+            // process, or an exited one while the ledger is sound, are believed.
+            let sound = self.damage.problems.is_empty();
+            let believed = |p: &&gpuvisor_ledger::ProcessUsage| {
+                p.failed_open
+                    && if p.exited {
+                        sound
+                    } else {
+                        gpuvisor_ledger::is_alive(p.pid, p.start_time)
+                    }
+            };
+            for process in live.iter().chain(&exited).filter(believed) {
+                if self.damage.unenforced.contains(&process.pid) {
+                    continue;
+                }
+                self.damage.unenforced.push(process.pid);
+                events.push(
+                    Event::new("ledger-unenforced")
+                        .with("process", self.label(process.group))
+                        .with("pid", process.pid)
+                        .with(
+                            "reason",
+                            "the shim found the ledger damaged and let its CUDA calls through unlimited",
+                        ),
+                );
+            }
+        }
+        events
     }
 
     fn label(&self, group: u32) -> String {
@@ -171,13 +281,25 @@ impl Hooks for LedgerHooks {
     }
 
     fn sample(&mut self) -> GpuSample {
+        let mut events = self.check_damage();
         let Some(ledger) = &self.ledger else {
             return GpuSample::default();
         };
+        if self.damage.truncated {
+            // Reading the mapping could raise SIGBUS in gpuvisor itself.
+            return GpuSample {
+                usage: Vec::new(),
+                events,
+            };
+        }
         // Per-group totals only: a whole snapshot (every slot and event) each tick was a
         // quarter of the sampler's cost at 100 ms.
         let usage = (0..ledger.group_count() as u32)
             .map(|group| {
+                // A damaged group's figures are not reported (the last sound ones stay).
+                if self.damage.all || self.damage.groups.contains(&group) {
+                    return None;
+                }
                 let totals = ledger.group_totals(group);
                 Some(GpuUsage {
                     used_bytes: totals.used_bytes,
@@ -186,44 +308,51 @@ impl Hooks for LedgerHooks {
                 })
             })
             .collect();
+        if self.damage.all {
+            // The event sequence is in the damaged header: the ring is not read any more.
+            return GpuSample { usage, events };
+        }
         let batch = ledger.events_since(self.next_event);
         self.next_event = batch.next_seq;
-        let mut events: Vec<Event> = batch
-            .events
-            .iter()
-            .map(|event| match &event.kind {
-                EventKind::AllocationDenied {
-                    device,
-                    size_bytes,
-                    used_bytes,
-                    limit_bytes,
-                    limit_kind,
-                } => Event::new("denial")
-                    .with("process", self.label(event.group))
-                    .with("pid", event.pid)
-                    .with(
-                        "device",
-                        self.device_gpus
-                            .get(*device as usize)
-                            .copied()
-                            .unwrap_or(*device),
-                    )
-                    .with("size_bytes", *size_bytes)
-                    .with("used_bytes", *used_bytes)
-                    .with("limit_bytes", *limit_bytes)
-                    .with(
-                        "limit",
-                        match limit_kind {
-                            LimitKind::Process => "process",
-                            LimitKind::Group => "replica",
-                        },
-                    ),
-                EventKind::CpuOnlyViolation { executable } => Event::new("violation")
-                    .with("process", self.label(event.group))
-                    .with("pid", event.pid)
-                    .with("executable", executable.clone()),
-            })
-            .collect();
+        let groups = ledger.group_count() as u32;
+        events.extend(
+            batch
+                .events
+                .iter()
+                .filter(|event| event.group < groups)
+                .map(|event| match &event.kind {
+                    EventKind::AllocationDenied {
+                        device,
+                        size_bytes,
+                        used_bytes,
+                        limit_bytes,
+                        limit_kind,
+                    } => Event::new("denial")
+                        .with("process", self.label(event.group))
+                        .with("pid", event.pid)
+                        .with(
+                            "device",
+                            self.device_gpus
+                                .get(*device as usize)
+                                .copied()
+                                .unwrap_or(*device),
+                        )
+                        .with("size_bytes", *size_bytes)
+                        .with("used_bytes", *used_bytes)
+                        .with("limit_bytes", *limit_bytes)
+                        .with(
+                            "limit",
+                            match limit_kind {
+                                LimitKind::Process => "process",
+                                LimitKind::Group => "replica",
+                            },
+                        ),
+                    EventKind::CpuOnlyViolation { executable } => Event::new("violation")
+                        .with("process", self.label(event.group))
+                        .with("pid", event.pid)
+                        .with("executable", executable.clone()),
+                }),
+        );
         if batch.lost > 0 {
             events.push(Event::new("ledger-events-lost").with("count", batch.lost));
         }
@@ -231,6 +360,26 @@ impl Hooks for LedgerHooks {
     }
 
     fn finish(&mut self) -> Vec<Event> {
+        if !self.damage.problems.is_empty() {
+            // Part of the end of the run, next to the summary table (whose GPU peaks are the
+            // last sound figures).
+            let problems = gpuvisor_ledger::LedgerDamage {
+                problems: self.damage.problems.clone(),
+                ..Default::default()
+            };
+            let mut line = format!(
+                "gpuvisor: the ledger was damaged during this run: {problems}; {}; GPU figures after that are the last sound ones",
+                self.damage.consequence
+            );
+            if !self.damage.unenforced.is_empty() {
+                let pids: Vec<String> = self.damage.unenforced.iter().map(i32::to_string).collect();
+                line.push_str(&format!(
+                    "; stopped enforcing their budget: pid {}",
+                    pids.join(", pid ")
+                ));
+            }
+            eprintln!("{line}");
+        }
         for file in &self.files {
             let _ = std::fs::remove_file(file);
         }
@@ -307,5 +456,53 @@ mod tests {
         let end = hooks.finish();
         assert_eq!(end[0].kind, "clean-up");
         assert!(!path.exists(), "the ledger is removed at the end");
+    }
+
+    #[test]
+    fn damage_is_an_event_within_one_tick_and_damaged_figures_are_not_reported() {
+        use std::os::unix::fs::FileExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ledger");
+        let inventory = simulate("1x80GiB").unwrap();
+        let mut hooks =
+            LedgerHooks::create(&plan(), &inventory, &path, None, vec![], vec![]).unwrap();
+        let ledger = Ledger::open(&path).unwrap();
+        let slot = ledger.register_current_process(0).unwrap();
+        ledger.charge(slot, 0, 1 << 30).unwrap();
+        let sound = hooks.sample();
+        assert!(sound.events.is_empty());
+        assert_eq!(sound.usage[0].unwrap().used_bytes, 1 << 30);
+        // The learner's bytes in use read 8519680 TiB.
+        let used = ledger.group_record_offset(0).unwrap()
+            + std::mem::offset_of!(gpuvisor_ledger::layout::GroupRecord, used_bytes) as u64;
+        let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        file.write_all_at(&(8_519_680u64 << 40).to_le_bytes(), used)
+            .unwrap();
+        let sample = hooks.sample();
+        assert_eq!(sample.events.len(), 1, "{:?}", sample.events);
+        let event = &sample.events[0];
+        assert_eq!(event.kind, "ledger-damaged");
+        assert!(event
+            .text("what")
+            .unwrap()
+            .contains("group 0 (learner): bytes in use on device 0 read 8.1 EiB"));
+        assert_eq!(event.fields["groups"], serde_json::json!(["learner"]));
+        let me = std::process::id() as i64;
+        assert_eq!(event.fields["enforced"], serde_json::json!([me]));
+        assert!(sample.usage[0].is_none(), "no absurd figure reported");
+        assert!(sample.usage[1].is_some(), "the sound group still is");
+        assert!(hooks.sample().events.is_empty(), "said once");
+        // The process finds it on its own refusal path and stops enforcing.
+        ledger.mark_failed_open(Some(slot));
+        let sample = hooks.sample();
+        assert_eq!(sample.events.len(), 1);
+        assert_eq!(sample.events[0].kind, "ledger-unenforced");
+        assert_eq!(sample.events[0].text("process"), Some("learner"));
+        // Truncated: said once more, and the mapping is never read again (no SIGBUS here).
+        file.set_len(0).unwrap();
+        let sample = hooks.sample();
+        assert_eq!(sample.events[0].kind, "ledger-damaged");
+        assert_eq!(sample.events[0].fields["truncated"], true);
+        assert!(hooks.sample().events.is_empty());
     }
 }
