@@ -501,6 +501,8 @@ SECTIONS = {
     "sampler": lambda args: __import__("bench_sampler").section(args),
     # What the head, the agents and the preflight add to starting a job (stand-in srun).
     "cluster": lambda args: __import__("bench_cluster").section(args),
+    # Peak of a torch training step: gpuvisor's dry run, torch's MemTracker, FakeGPU ($FAKEGPU_DIR).
+    "dryrun": lambda args: __import__("bench_dryrun").section(args),
 }
 
 
