@@ -32,7 +32,7 @@ outside the worker.
 import argparse
 import json
 import os
-import shutil
+import re
 import subprocess
 import sys
 import tempfile
@@ -62,17 +62,21 @@ MODELS = {
 
 
 def build_model(name, torch, device):
-    """(model, loss function) with the parameters made on `device` directly (as under FakeTensorMode,
-    where moving a module's parameters from the CPU is refused)."""
-    with torch.device(device):
-        return _build_model(name, torch, device)
+    """(model, loss function). On "cuda" the usual idiom: the model is made on the CPU and moved
+    with `.to("cuda")`, the batch made on the device. On "meta" everything is made on the device
+    directly (moving parameters between devices is refused there)."""
+    if device == "meta":
+        with torch.device(device):
+            return _build_model(name, torch, device)
+    return _build_model(name, torch, device, move=True)
 
 
-def _build_model(name, torch, device):
+def _build_model(name, torch, device, move=False):
     nn = torch.nn
     if name == "mlp":
         model = nn.Sequential(nn.Linear(1024, 4096), nn.ReLU(), nn.Linear(4096, 4096), nn.ReLU(),
                               nn.Linear(4096, 4096), nn.ReLU(), nn.Linear(4096, 1000))
+        model = model.to(device) if move else model
         x = torch.randn(512, 1024, device=device)
         y = torch.randint(0, 1000, (512,), device=device)
         return model, lambda: nn.functional.cross_entropy(model(x), y)
@@ -100,6 +104,7 @@ def _build_model(name, torch, device):
             cin = cout
         layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(512, 100)]
         model = nn.Sequential(*layers)
+        model = model.to(device) if move else model
         x = torch.randn(32, 3, 128, 128, device=device)
         y = torch.randint(0, 100, (32,), device=device)
         return model, lambda: nn.functional.cross_entropy(model(x), y)
@@ -115,7 +120,7 @@ def _build_model(name, torch, device):
             def forward(self, tokens):
                 return self.head(self.encoder(self.embed(tokens)))
 
-        model = LM()
+        model = LM().to(device) if move else LM()
         tokens = torch.randint(0, 8000, (8, 256), device=device)
         return model, lambda: nn.functional.cross_entropy(model(tokens).flatten(0, 1), tokens.flatten())
     if name == "recsys":
@@ -130,7 +135,7 @@ def _build_model(name, torch, device):
             def forward(self, users, items):
                 return self.mlp(torch.cat([self.users(users), self.items(items)], 1)).squeeze(1)
 
-        model = RecSys()
+        model = RecSys().to(device) if move else RecSys()
         users = torch.randint(0, 500_000, (4096,), device=device)
         items = torch.randint(0, 500_000, (4096,), device=device)
         target = torch.rand(4096, device=device)
@@ -155,9 +160,13 @@ def worker(model_name, mode, steps):
     import torch
 
     result = {"model": model_name, "mode": mode, "pid": os.getpid(), "torch": torch.__version__}
-    if mode == "cuda":
+    if mode in ("cuda", "cuda-ctx"):
         torch.manual_seed(0)
-        model, loss_fn = build_model(model_name, torch, "cuda")
+        if mode == "cuda":
+            model, loss_fn = build_model(model_name, torch, "cuda")
+        else:  # the parameters made on the device: `with torch.device("cuda"):`
+            with torch.device("cuda"):
+                model, loss_fn = _build_model(model_name, torch, "cuda")
         train(model, loss_fn, torch, steps)
         torch.cuda.synchronize()
         free, total = torch.cuda.mem_get_info()
@@ -245,9 +254,9 @@ def gpuvisor_binary():
 SIMULATE = ["--simulate", "h100", "--mem-per-process", "64GiB"]
 
 
-def measure_gpuvisor(binary, python, model):
+def measure_gpuvisor(binary, python, model, mode="cuda"):
     """(a): the real allocator on the simulator; the ledger's peak and torch's own counters."""
-    argv = [binary, "exec", *SIMULATE, "--json", "--", python, THIS, "--worker", model, "cuda"]
+    argv = [binary, "exec", *SIMULATE, "--json", "--", python, THIS, "--worker", model, mode]
     out, err = run(argv, timeout=900)
     result = worker_result(out, f"the {model} worker under gpuvisor")
     try:
@@ -277,12 +286,12 @@ def fakegpu_version(checkout):
     return (found[0] if found else "unknown version") + (f" (commit {commit})" if commit else "")
 
 
-def measure_fakegpu(checkout, python, model, work):
+def measure_fakegpu(checkout, python, model, work, mode="cuda"):
     """(c): FakeGPU's preflight, its fakecuda runtime (torch patched to run on the CPU)."""
-    report_dir = work / f"fakegpu-{model}"
+    report_dir = work / f"fakegpu-{model}-{mode}"
     env = dict(os.environ, PYTHONPATH=str(checkout))
     run([python, "-m", "fakegpu", "preflight", "--runtime", "fakecuda", "--profile", "h100",
-         "--device-count", "1", "--report-dir", report_dir, "--", python, THIS, "--worker", model, "cuda"],
+         "--device-count", "1", "--report-dir", report_dir, "--", python, THIS, "--worker", model, mode],
         timeout=1800, env=env, cwd=work)
     report = json.loads((report_dir / "preflight_report.json").read_text())
     if not report.get("devices"):
@@ -293,6 +302,33 @@ def measure_fakegpu(checkout, python, model, work):
             "status": report.get("status"), "confidence": report.get("tracking_confidence"),
             "allocations": device.get("allocation_count"),
             "operators": sorted((report.get("dispatch_tracking") or {}).get("operators", {}))}
+
+
+def fakegpu_native(checkout, python, model, work):
+    """FakeGPU's native runtime (its own libcuda/libcudart/libnccl preloaded, the real torch wheel
+    above them), when the checkout has a CMake build in build/: its status and the child's last
+    error line."""
+    build = checkout / "build"
+    if not (build / "libcuda.so.1").exists():
+        return f"not tried: no CMake build in {build} (`cmake -S . -B build && cmake --build build`)"
+    report_dir = work / f"fakegpu-native-{model}"
+    env = dict(os.environ, PYTHONPATH=str(checkout))
+    subprocess.run([python, "-m", "fakegpu", "preflight", "--runtime", "native", "--build-dir", str(build),
+                    "--profile", "h100", "--device-count", "1", "--report-dir", str(report_dir), "--", python,
+                    str(THIS), "--worker", model, "cuda"], env=env, cwd=work, capture_output=True, timeout=900)
+    try:
+        report = json.loads((report_dir / "preflight_report.json").read_text())
+    except (OSError, ValueError) as error:
+        return f"no report ({error})"
+    stderr = (report_dir / "preflight_stderr.log")
+    errors = [line.strip() for line in (stderr.read_text(errors="replace").splitlines() if stderr.exists() else [])
+              if "Error" in line]
+    status = report.get("status")
+    if status == "PASS_FIT":
+        device = (report.get("devices") or [{}])[0]
+        return f"PASS_FIT, peak {mib(device.get('peak_memory'))} MiB"
+    error = re.sub(r"/\S*/([^/\s]+\.so[.\d]*)", r"\1", errors[-1]) if errors else "no error line"
+    return f"{status}: `{error}`"
 
 
 def mib(value):
@@ -317,7 +353,7 @@ def section(args):
         checkout = None
     elif not checkout:
         fakegpu_note = "skipped: no FakeGPU checkout given (--fakegpu DIR or $FAKEGPU_DIR)"
-    rows, failures = {}, []
+    rows, failures, native, variant, variant_gpuvisor = {}, [], None, None, None
     repeat = not args.quick
     with tempfile.TemporaryDirectory(prefix="gpuvisor-bench-dryrun-") as tmp:
         for model in models:
@@ -337,15 +373,26 @@ def section(args):
                 except BenchError as error:
                     failures.append(f"{model} / {name}: {error}")
                     print(f"bench: {model} / {name} failed: {error}", file=sys.stderr)
+            if checkout and variant is None and "fakegpu" in row:
+                print(f"bench: dryrun {model} / FakeGPU, made under torch.device(\"cuda\") ...", file=sys.stderr)
+                try:
+                    variant = (model, measure_fakegpu(Path(checkout), python, model, Path(tmp), "cuda-ctx"))
+                    variant_gpuvisor = measure_gpuvisor(binary, python, model, "cuda-ctx")
+                except BenchError as error:
+                    failures.append(f"{model} / FakeGPU under torch.device: {error}")
+            if checkout and native is None:
+                print(f"bench: dryrun {model} / FakeGPU native ...", file=sys.stderr)
+                native = fakegpu_native(Path(checkout), python, model, Path(tmp))
             if repeat and "gpuvisor" in row:
                 again = measure_gpuvisor(binary, python, model)
                 row["gpuvisor"]["repeat_same"] = all(again[k] == row["gpuvisor"][k]
                                                      for k in ("ledger", "reserved", "allocated"))
     return render(rows, failures, fakegpu_note, fakegpu_version(Path(checkout)) if checkout else None,
-                  python, repeat)
+                  python, repeat, native, variant, variant_gpuvisor)
 
 
-def render(rows, failures, fakegpu_note, fakegpu_label, python, repeat):
+def render(rows, failures, fakegpu_note, fakegpu_label, python, repeat, native=None, variant=None,
+           variant_gpuvisor=None):
     torch_version = next((r["gpuvisor"]["torch"] for r in rows.values() if "gpuvisor" in r), "?")
     lines = [
         f"## {HEADING}", "",
@@ -360,8 +407,8 @@ def render(rows, failures, fakegpu_note, fakegpu_label, python, repeat):
         "- **gpuvisor**: `gpuvisor exec --simulate h100 --mem-per-process 64GiB --json -- python "
         "bench_dryrun.py --worker MODEL cuda`: the real torch wheel, its caching allocator, cuBLAS and "
         "cuDNN run on the simulator. *Ledger peak*: the summary's `peak_bytes` (everything the process "
-        "allocated on the card: torch's pool plus the workspaces cuBLAS/cuDNN allocate themselves; the "
-        "CUDA context is not in it). *reserved* / *allocated*: torch's own `max_memory_reserved()` / "
+        "allocated on the card: torch's pool plus what the CUDA libraries allocate through the driver "
+        "themselves; the CUDA context is not in it). *reserved* / *allocated*: torch's own `max_memory_reserved()` / "
         "`max_memory_allocated()`, printed by the script under the simulator. (80 GiB is refused: the "
         "simulated H100 has 79.6 GiB.)",
         "- **MemTracker**: `torch.distributed._tools.mem_tracker.MemTracker` around the same steps "
@@ -377,7 +424,9 @@ def render(rows, failures, fakegpu_note, fakegpu_label, python, repeat):
         "allocator model. *reserved* / *requested*: its report's `peak_reserved_memory` / "
         "`allocated_peak_memory`." + (f" **{fakegpu_note}.**" if fakegpu_note else ""), "",
         "Models (" + ", ".join(f"`{name}`" for name in rows) + f"; `{HELD_OUT}` is held out: chosen and sized "
-        "before any figure was seen, never tuned to):", "",
+        "before any figure was seen, never tuned to; one change was made after a first run, for every model: "
+        "the models are moved with `.to(\"cuda\")` instead of being made under `with torch.device(\"cuda\")`, "
+        "after that run showed FakeGPU not tracking the latter, see below):", "",
     ]
     lines += [f"- `{name}`: {MODELS[name]}" for name in rows]
     lines += ["", "Peaks in MiB:", "",
@@ -404,34 +453,98 @@ def render(rows, failures, fakegpu_note, fakegpu_label, python, repeat):
                      f"{ratio(g.get('ledger'), g.get('reserved'))} | {ratio(m.get('peak'), g.get('ledger'))} | "
                      f"{ratio(f.get('reserved'), g.get('ledger'))} |")
     lines.append("")
+    notes = []
     outside = [(name, row["gpuvisor"]["ledger"] - row["gpuvisor"]["reserved"]) for name, row in rows.items()
                if "gpuvisor" in row]
     if outside:
-        lines.append("Outside torch's pool (ledger − torch reserved: cuBLAS/cuBLASLt and cuDNN workspaces, "
-                     "which no torch counter shows): " +
+        notes.append("Outside torch's pool (ledger − torch reserved: what the CUDA libraries allocated through "
+                     "the driver themselves, cuBLAS/cuBLASLt workspaces per docs/frameworks-tests.md; no torch "
+                     "counter shows it): " +
                      ", ".join(f"`{name}` {value / MIB:,.0f} MiB" for name, value in outside) + ".")
     if repeat:
         same = [name for name, row in rows.items() if row.get("gpuvisor", {}).get("repeat_same")]
-        lines.append(f"Each gpuvisor dry run was made twice: the same bytes both times for {len(same)} of "
+        notes.append(f"Each gpuvisor dry run was made twice: the same bytes both times for {len(same)} of "
                      f"{sum('gpuvisor' in r for r in rows.values())} models.")
     fake = [(name, row["fakegpu"]) for name, row in rows.items() if "fakegpu" in row]
     if fake:
-        lines.append("FakeGPU's verdicts: " + ", ".join(
+        notes.append("FakeGPU's verdicts: " + ", ".join(
             f"`{name}` {f['status']} ({f['confidence']}, {f['allocations']} allocations tracked, from "
             f"{len(f['operators'])} operators: {', '.join(op.replace('aten.', '').replace('.default', '') for op in f['operators'])})"
             for name, f in fake) + ".")
+    if variant:
+        name, f = variant
+        g = rows[name].get("gpuvisor", {})
+        notes.append(
+            f"The idiom matters to FakeGPU: with `{name}` made under `with torch.device(\"cuda\"):` (parameters "
+            "created on the device, as MemTracker's run makes them on `meta`) instead of `.to(\"cuda\")`, its "
+            f"peak was {mib(f['requested'])} MiB requested / {mib(f['reserved'])} MiB reserved "
+            f"({f['allocations']} allocations tracked, from {len(f['operators'])} operators), against "
+            f"{mib(rows[name]['fakegpu']['reserved'])} MiB reserved above. gpuvisor's dry run of that variant: "
+            f"{mib(variant_gpuvisor['ledger']) if variant_gpuvisor else '–'} MiB ledger peak, "
+            f"{mib(variant_gpuvisor['reserved']) if variant_gpuvisor else '–'} MiB torch reserved "
+            f"(above: {mib(g.get('ledger'))} and {mib(g.get('reserved'))}).")
+    if native:
+        notes.append(f"FakeGPU's native runtime (`--runtime native --build-dir DIR/build`, its own libcuda, "
+                     f"libcudart 12 and libnccl preloaded under the real torch wheel), `{next(iter(rows))}`: {native}.")
     seconds = {name: {k: v["seconds"] for k, v in row.items() if isinstance(v, dict) and "seconds" in v}
                for name, row in rows.items()}
-    lines.append("Wall time per run (s): " + "; ".join(
+    notes.append("Wall time per run (s): " + "; ".join(
         f"`{name}` " + ", ".join(f"{k} {v:.0f}" for k, v in spent.items()) for name, spent in seconds.items()) + ".")
     for failure in failures:
-        lines.append(f"**Failed**: {failure.splitlines()[0]}")
-    lines.append("")
-    lines += READING
+        notes.append(f"**Failed**: {failure.splitlines()[0]}")
+    for note in notes + reading(rows):
+        lines += [note, ""]
+    return lines[:-1]
+
+
+
+def spread(values):
+    values = [v for v in values if v is not None]
+    if not values:
+        return "–"
+    low, high = min(values), max(values)
+    return f"{low:.2f}x" if abs(high - low) < 0.005 else f"{low:.2f}–{high:.2f}x"
+
+
+def reading(rows):
+    """What the figures say, computed from them (so it stays true when they change)."""
+    def ratios(method, key, ref_method, ref_key):
+        return [row[method][key] / row[ref_method][ref_key] for row in rows.values()
+                if method in row and ref_method in row and row[ref_method][ref_key]]
+
+    lines = []
+    if any("gpuvisor" in row for row in rows.values()):
+        lines.append(
+            f"Reading: gpuvisor's ledger peak is torch's own `max_memory_reserved()` plus what the process "
+            f"allocated outside torch's pool through the driver ({spread(ratios('gpuvisor', 'ledger', 'gpuvisor', 'reserved'))} "
+            "of the pool here); torch's pool is in turn above the tensors' bytes (`max_memory_allocated()`) by the "
+            "caching allocator's rounding, segments and cache. MemTracker models neither layer; FakeGPU models "
+            "the first (its allocator model) but not the second. What the simulator cannot show is listed in docs/simulator.md: data-dependent shapes "
+            "(device memory reads back as zeros) and choices made by timing kernels (autotuning).")
+    if any("memtracker" in row for row in rows.values()):
+        lines.append(
+            f"MemTracker counts tensor bytes: {spread(ratios('memtracker', 'peak', 'gpuvisor', 'allocated'))} of torch's "
+            f"`max_memory_allocated()` under the simulator, {spread(ratios('memtracker', 'peak', 'gpuvisor', 'ledger'))} of "
+            "the ledger peak. On the `meta` device operators take their device-independent paths"
+            + (": scaled-dot-product attention in the transformer is the math path there (the attention matrix "
+               "materialised and kept for backward) where torch picks the memory-efficient kernel on an sm_90 card "
+               "in fp32" if "transformer" in rows else "") + ".")
+    fake = {name: row["fakegpu"] for name, row in rows.items() if "fakegpu" in row}
+    if fake:
+        text = (f"FakeGPU's reserved peak is {spread(ratios('fakegpu', 'reserved', 'gpuvisor', 'reserved'))} of torch's "
+                f"own `max_memory_reserved()` under the simulator and {spread(ratios('fakegpu', 'reserved', 'gpuvisor', 'ledger'))} "
+                "of the ledger peak: it runs the operators on the CPU, so it sees the CPU's choices of kernel (the "
+                "math path of attention, for one), and not the CUDA libraries' own allocations")
+        untracked = [name for name, f in fake.items()
+                     if not any("backward" in op or "foreach" in op or "addcdiv" in op or "sqrt" in op
+                                for op in f["operators"])]
+        if untracked:
+            text += (f"; for {', '.join(f'`{n}`' for n in untracked)} the operators its dispatch tracking saw "
+                     "(listed above) are all forward ones: no backward or optimizer operator, so gradients and "
+                     "Adam's state are missing from its peak under torch "
+                     + next(iter(rows.values())).get("gpuvisor", {}).get("torch", "2.15"))
+        lines.append(text + ".")
     return lines
-
-
-READING = []
 
 
 def chart(text):
