@@ -4,6 +4,7 @@ own CPU-side estimator and FakeGPU predict it, for the same models.
 
 Usage: python3 scripts/bench_dryrun.py [--quick] [--write] [--torch-python PY] [--fakegpu DIR]
        [--models NAME ...]
+       python3 scripts/bench.py --only dryrun   (FakeGPU from $FAKEGPU_DIR)
 
 Prints the "## Memory dry runs: predicted peaks" section of docs/benchmarks.md (and replaces that
 section in the file with --write). scripts/bench.py runs it too, as its `dryrun` section.
@@ -12,18 +13,25 @@ Every model is built in code with random weights (nothing is downloaded) and tra
 steps (forward, loss, backward, Adam step, zero_grad; the second step is the steady state, where
 Adam's state exists while the gradients are made). The same worker (this file, `--worker`) runs:
 
-  (a) gpuvisor: `gpuvisor exec --simulate h100 --mem-per-process 80GiB --json -- PY THIS --worker
-      MODEL cuda`: the real torch 2.15 wheel and its caching allocator, cuBLAS and cuDNN on the
+  (a) gpuvisor: `gpuvisor exec --simulate h100 --mem-per-process 64GiB --json -- PY THIS --worker
+      MODEL cuda` (80GiB is refused: the simulated H100 has 79.6 GiB): the real torch 2.15 wheel and its caching allocator, cuBLAS and cuDNN on the
       simulator. Reported: the ledger's peak for the process (`peak_bytes` of the summary: torch's
       pool plus the workspaces the CUDA libraries allocate themselves) and torch's own
       max_memory_reserved() / max_memory_allocated() as printed by the worker.
   (b) torch's MemTracker (torch.distributed._tools.mem_tracker), as its docstring shows it, with
-      the model, optimizer and batch made under FakeTensorMode on the "cuda" device (no kernel runs
-      and no device is needed): the peak of the tensors it tracks.
+      the model, optimizer and batch on the "meta" device (no kernel runs, no device is needed;
+      FakeTensorMode on "cuda" needs a GPU for backward, see the worker): the peak of the tensors it
+      tracks, reset_mod_stats() between steps.
   (c) FakeGPU's preflight (github.com/FanBB2333/FakeGPU), `python -m fakegpu preflight --runtime
       fakecuda --profile h100 -- PY THIS --worker MODEL cuda`, from the checkout given with
-      --fakegpu DIR (not part of gpuvisor; "skipped: ..." without it): its tracked requested and
-      reserved peaks (its allocator model). Its native libraries are not needed by this runtime.
+      --fakegpu DIR or $FAKEGPU_DIR (not part of gpuvisor; "skipped: ..." without it): its tracked
+      requested and reserved peaks (its allocator model). This runtime needs no build; when DIR/build
+      holds FakeGPU's CMake build (`cmake -S . -B build && cmake --build build`), its native runtime
+      (its own libcuda/libcudart/libnccl under the real torch wheel) is tried on the first model too.
+      The first model also runs made under `with torch.device("cuda")` (FakeGPU and gpuvisor), since
+      FakeGPU does not track parameters made that way.
+
+Each gpuvisor dry run is made twice (once with --quick) to show it gives the same bytes.
 
 The torch venv is tests/frameworks/venv.sh torch unless --torch-python names one; the gpuvisor binary
 is $GPUVISOR_BIN or target/debug/gpuvisor (built with cargo when missing). Standard library only
