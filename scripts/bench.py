@@ -503,6 +503,8 @@ SECTIONS = {
     "cluster": lambda args: __import__("bench_cluster").section(args),
     # Refused allocations with 16 to 1,024 processes sharing one budget.
     "refusals": lambda args: __import__("bench_refusals").section(args),
+    # Peak of a torch training step: gpuvisor's dry run, torch's MemTracker, FakeGPU ($FAKEGPU_DIR).
+    "dryrun": lambda args: __import__("bench_dryrun").section(args),
 }
 
 

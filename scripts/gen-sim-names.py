@@ -20,6 +20,7 @@ entry point, so it is no longer stubbed). A unit test in gpuvisor-sim checks the
 
 import pathlib
 import re
+import subprocess
 import sys
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -128,6 +129,8 @@ def write_stubs():
     out += [f'    "{name}",' for name in stubs + [name for name, _ in jumps]]
     out += ["];", ""]
     STUBS.write_text("\n".join(out))
+    # The output is committed, and CI checks formatting: leave it as rustfmt would.
+    subprocess.run(["rustfmt", "--edition", "2021", str(STUBS)], check=True)
     print(f"{len(done)} implemented, {len(jumps)} stream forms, {len(stubs)} stubs -> {STUBS}")
 
 

@@ -2,7 +2,7 @@
 # The Python virtual environments of the framework tests (tests/frameworks/): the real PyTorch
 # (CUDA 13) or JAX + CuPy (CUDA 12) wheels from PyPI, which the tests run on gpuvisor's simulator.
 #
-#   venv.sh NAME       NAME = torch | jax: builds (or reuses) the venv pinned by
+#   venv.sh NAME       NAME = torch | jax | tools: builds (or reuses) the venv pinned by
 #                      tests/frameworks/requirements-NAME.txt and prints its python on stdout
 #
 # The venv lives in ${GPUVISOR_FRAMEWORKS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpuvisor-ci}/
@@ -18,7 +18,7 @@ name=$1
 here=$(cd "$(dirname "$0")" && pwd)
 requirements=$here/requirements-$name.txt
 [ -f "$requirements" ] || {
-  echo "venv.sh: no $requirements (NAME is torch or jax)" >&2
+  echo "venv.sh: no $requirements (NAME is torch, jax or tools)" >&2
   exit 2
 }
 python=${PYTHON:-python3}

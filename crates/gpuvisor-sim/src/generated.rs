@@ -415,10 +415,14 @@ pub fn implemented(name: &str) -> Option<*const ()> {
         "cuCtxGetId" => crate::api_context::cuCtxGetId as *const (),
         "cuCtxGetLimit" => crate::api_context::cuCtxGetLimit as *const (),
         "cuCtxGetSharedMemConfig" => crate::api_context::cuCtxGetSharedMemConfig as *const (),
-        "cuCtxGetStreamPriorityRange" => crate::api_context::cuCtxGetStreamPriorityRange as *const (),
+        "cuCtxGetStreamPriorityRange" => {
+            crate::api_context::cuCtxGetStreamPriorityRange as *const ()
+        }
         "cuCtxPopCurrent_v2" => crate::api_device::cuCtxPopCurrent_v2 as *const (),
         "cuCtxPushCurrent_v2" => crate::api_device::cuCtxPushCurrent_v2 as *const (),
-        "cuCtxResetPersistingL2Cache" => crate::api_context::cuCtxResetPersistingL2Cache as *const (),
+        "cuCtxResetPersistingL2Cache" => {
+            crate::api_context::cuCtxResetPersistingL2Cache as *const ()
+        }
         "cuCtxSetCacheConfig" => crate::api_context::cuCtxSetCacheConfig as *const (),
         "cuCtxSetCurrent" => crate::api_device::cuCtxSetCurrent as *const (),
         "cuCtxSetFlags" => crate::api_context::cuCtxSetFlags as *const (),
@@ -428,7 +432,9 @@ pub fn implemented(name: &str) -> Option<*const ()> {
         "cuCtxSynchronize_v2" => crate::api_context::cuCtxSynchronize_v2 as *const (),
         "cuDevResourceGenerateDesc" => crate::api_refused::cuDevResourceGenerateDesc as *const (),
         "cuDevSmResourceSplit" => crate::api_refused::cuDevSmResourceSplit as *const (),
-        "cuDevSmResourceSplitByCount" => crate::api_refused::cuDevSmResourceSplitByCount as *const (),
+        "cuDevSmResourceSplitByCount" => {
+            crate::api_refused::cuDevSmResourceSplitByCount as *const ()
+        }
         "cuDeviceCanAccessPeer" => crate::api_context::cuDeviceCanAccessPeer as *const (),
         "cuDeviceComputeCapability" => crate::api_device::cuDeviceComputeCapability as *const (),
         "cuDeviceGet" => crate::api_device::cuDeviceGet as *const (),
@@ -437,24 +443,36 @@ pub fn implemented(name: &str) -> Option<*const ()> {
         "cuDeviceGetCount" => crate::api_device::cuDeviceGetCount as *const (),
         "cuDeviceGetDefaultMemPool" => crate::api_pool::cuDeviceGetDefaultMemPool as *const (),
         "cuDeviceGetDevResource" => crate::api_refused::cuDeviceGetDevResource as *const (),
-        "cuDeviceGetExecAffinitySupport" => crate::api_context::cuDeviceGetExecAffinitySupport as *const (),
-        "cuDeviceGetGraphMemAttribute" => crate::api_context::cuDeviceGetGraphMemAttribute as *const (),
+        "cuDeviceGetExecAffinitySupport" => {
+            crate::api_context::cuDeviceGetExecAffinitySupport as *const ()
+        }
+        "cuDeviceGetGraphMemAttribute" => {
+            crate::api_context::cuDeviceGetGraphMemAttribute as *const ()
+        }
         "cuDeviceGetMemPool" => crate::api_pool::cuDeviceGetMemPool as *const (),
         "cuDeviceGetName" => crate::api_device::cuDeviceGetName as *const (),
         "cuDeviceGetP2PAttribute" => crate::api_context::cuDeviceGetP2PAttribute as *const (),
         "cuDeviceGetPCIBusId" => crate::api_context::cuDeviceGetPCIBusId as *const (),
-        "cuDeviceGetTexture1DLinearMaxWidth" => crate::api_context::cuDeviceGetTexture1DLinearMaxWidth as *const (),
+        "cuDeviceGetTexture1DLinearMaxWidth" => {
+            crate::api_context::cuDeviceGetTexture1DLinearMaxWidth as *const ()
+        }
         "cuDeviceGetUuid" => crate::api_device::cuDeviceGetUuid as *const (),
         "cuDeviceGetUuid_v2" => crate::api_device::cuDeviceGetUuid_v2 as *const (),
         "cuDeviceGraphMemTrim" => crate::api_context::cuDeviceGraphMemTrim as *const (),
         "cuDevicePrimaryCtxGetState" => crate::api_device::cuDevicePrimaryCtxGetState as *const (),
         "cuDevicePrimaryCtxRelease" => crate::api_device::cuDevicePrimaryCtxRelease as *const (),
-        "cuDevicePrimaryCtxRelease_v2" => crate::api_device::cuDevicePrimaryCtxRelease_v2 as *const (),
+        "cuDevicePrimaryCtxRelease_v2" => {
+            crate::api_device::cuDevicePrimaryCtxRelease_v2 as *const ()
+        }
         "cuDevicePrimaryCtxReset" => crate::api_context::cuDevicePrimaryCtxReset as *const (),
         "cuDevicePrimaryCtxReset_v2" => crate::api_context::cuDevicePrimaryCtxReset_v2 as *const (),
         "cuDevicePrimaryCtxRetain" => crate::api_device::cuDevicePrimaryCtxRetain as *const (),
-        "cuDevicePrimaryCtxSetFlags_v2" => crate::api_device::cuDevicePrimaryCtxSetFlags_v2 as *const (),
-        "cuDeviceSetGraphMemAttribute" => crate::api_context::cuDeviceSetGraphMemAttribute as *const (),
+        "cuDevicePrimaryCtxSetFlags_v2" => {
+            crate::api_device::cuDevicePrimaryCtxSetFlags_v2 as *const ()
+        }
+        "cuDeviceSetGraphMemAttribute" => {
+            crate::api_context::cuDeviceSetGraphMemAttribute as *const ()
+        }
         "cuDeviceSetMemPool" => crate::api_pool::cuDeviceSetMemPool as *const (),
         "cuDeviceTotalMem_v2" => crate::api_device::cuDeviceTotalMem_v2 as *const (),
         "cuDriverGetVersion" => crate::api_device::cuDriverGetVersion as *const (),
@@ -496,20 +514,34 @@ pub fn implemented(name: &str) -> Option<*const ()> {
         "cuGraphCreate" => crate::api_stream::cuGraphCreate as *const (),
         "cuGraphDestroy" => crate::api_stream::cuGraphDestroy as *const (),
         "cuGraphDestroyNode" => crate::api_stream::cuGraphDestroyNode as *const (),
-        "cuGraphExecChildGraphNodeSetParams" => crate::api_stream::cuGraphExecChildGraphNodeSetParams as *const (),
+        "cuGraphExecChildGraphNodeSetParams" => {
+            crate::api_stream::cuGraphExecChildGraphNodeSetParams as *const ()
+        }
         "cuGraphExecDestroy" => crate::api_stream::cuGraphExecDestroy as *const (),
         "cuGraphExecGetFlags" => crate::api_stream::cuGraphExecGetFlags as *const (),
-        "cuGraphExecKernelNodeSetParams_v2" => crate::api_stream::cuGraphExecKernelNodeSetParams_v2 as *const (),
-        "cuGraphExecMemcpyNodeSetParams" => crate::api_stream::cuGraphExecMemcpyNodeSetParams as *const (),
-        "cuGraphExecMemsetNodeSetParams" => crate::api_stream::cuGraphExecMemsetNodeSetParams as *const (),
+        "cuGraphExecKernelNodeSetParams_v2" => {
+            crate::api_stream::cuGraphExecKernelNodeSetParams_v2 as *const ()
+        }
+        "cuGraphExecMemcpyNodeSetParams" => {
+            crate::api_stream::cuGraphExecMemcpyNodeSetParams as *const ()
+        }
+        "cuGraphExecMemsetNodeSetParams" => {
+            crate::api_stream::cuGraphExecMemsetNodeSetParams as *const ()
+        }
         "cuGraphExecNodeSetParams" => crate::api_stream::cuGraphExecNodeSetParams as *const (),
         "cuGraphExecUpdate_v2" => crate::api_stream::cuGraphExecUpdate_v2 as *const (),
         "cuGraphGetNodes" => crate::api_stream::cuGraphGetNodes as *const (),
         "cuGraphGetRootNodes" => crate::api_stream::cuGraphGetRootNodes as *const (),
-        "cuGraphInstantiateWithFlags" => crate::api_stream::cuGraphInstantiateWithFlags as *const (),
-        "cuGraphInstantiateWithParams" => crate::api_stream::cuGraphInstantiateWithParams as *const (),
+        "cuGraphInstantiateWithFlags" => {
+            crate::api_stream::cuGraphInstantiateWithFlags as *const ()
+        }
+        "cuGraphInstantiateWithParams" => {
+            crate::api_stream::cuGraphInstantiateWithParams as *const ()
+        }
         "cuGraphInstantiate_v2" => crate::api_stream::cuGraphInstantiate_v2 as *const (),
-        "cuGraphKernelNodeSetParams_v2" => crate::api_stream::cuGraphKernelNodeSetParams_v2 as *const (),
+        "cuGraphKernelNodeSetParams_v2" => {
+            crate::api_stream::cuGraphKernelNodeSetParams_v2 as *const ()
+        }
         "cuGraphLaunch" => crate::api_stream::cuGraphLaunch as *const (),
         "cuGraphNodeGetType" => crate::api_stream::cuGraphNodeGetType as *const (),
         "cuGraphNodeSetEnabled" => crate::api_stream::cuGraphNodeSetEnabled as *const (),
@@ -558,21 +590,31 @@ pub fn implemented(name: &str) -> Option<*const ()> {
         "cuMemAllocPitch_v2" => crate::api_memory::cuMemAllocPitch_v2 as *const (),
         "cuMemAlloc_v2" => crate::api_memory::cuMemAlloc_v2 as *const (),
         "cuMemCreate" => crate::api_memory::cuMemCreate as *const (),
-        "cuMemExportToShareableHandle" => crate::api_copy::cuMemExportToShareableHandle as *const (),
+        "cuMemExportToShareableHandle" => {
+            crate::api_copy::cuMemExportToShareableHandle as *const ()
+        }
         "cuMemFreeAsync" => crate::api_pool::cuMemFreeAsync as *const (),
         "cuMemFreeHost" => crate::api_copy::cuMemFreeHost as *const (),
         "cuMemFree_v2" => crate::api_memory::cuMemFree_v2 as *const (),
         "cuMemGetAccess" => crate::api_copy::cuMemGetAccess as *const (),
         "cuMemGetAddressRange_v2" => crate::api_copy::cuMemGetAddressRange_v2 as *const (),
-        "cuMemGetAllocationGranularity" => crate::api_memory::cuMemGetAllocationGranularity as *const (),
-        "cuMemGetAllocationPropertiesFromHandle" => crate::api_copy::cuMemGetAllocationPropertiesFromHandle as *const (),
+        "cuMemGetAllocationGranularity" => {
+            crate::api_memory::cuMemGetAllocationGranularity as *const ()
+        }
+        "cuMemGetAllocationPropertiesFromHandle" => {
+            crate::api_copy::cuMemGetAllocationPropertiesFromHandle as *const ()
+        }
         "cuMemGetInfo_v2" => crate::api_memory::cuMemGetInfo_v2 as *const (),
         "cuMemHostAlloc" => crate::api_copy::cuMemHostAlloc as *const (),
-        "cuMemHostGetDevicePointer_v2" => crate::api_copy::cuMemHostGetDevicePointer_v2 as *const (),
+        "cuMemHostGetDevicePointer_v2" => {
+            crate::api_copy::cuMemHostGetDevicePointer_v2 as *const ()
+        }
         "cuMemHostGetFlags" => crate::api_copy::cuMemHostGetFlags as *const (),
         "cuMemHostRegister_v2" => crate::api_copy::cuMemHostRegister_v2 as *const (),
         "cuMemHostUnregister" => crate::api_copy::cuMemHostUnregister as *const (),
-        "cuMemImportFromShareableHandle" => crate::api_copy::cuMemImportFromShareableHandle as *const (),
+        "cuMemImportFromShareableHandle" => {
+            crate::api_copy::cuMemImportFromShareableHandle as *const ()
+        }
         "cuMemMap" => crate::api_memory::cuMemMap as *const (),
         "cuMemPoolCreate" => crate::api_pool::cuMemPoolCreate as *const (),
         "cuMemPoolDestroy" => crate::api_pool::cuMemPoolDestroy as *const (),
@@ -626,13 +668,27 @@ pub fn implemented(name: &str) -> Option<*const ()> {
         "cuMulticastCreate" => crate::api_refused::cuMulticastCreate as *const (),
         "cuMulticastGetGranularity" => crate::api_refused::cuMulticastGetGranularity as *const (),
         "cuMulticastUnbind" => crate::api_refused::cuMulticastUnbind as *const (),
-        "cuOccupancyAvailableDynamicSMemPerBlock" => crate::api_module::cuOccupancyAvailableDynamicSMemPerBlock as *const (),
-        "cuOccupancyMaxActiveBlocksPerMultiprocessor" => crate::api_module::cuOccupancyMaxActiveBlocksPerMultiprocessor as *const (),
-        "cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags" => crate::api_module::cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags as *const (),
-        "cuOccupancyMaxActiveClusters" => crate::api_module::cuOccupancyMaxActiveClusters as *const (),
-        "cuOccupancyMaxPotentialBlockSize" => crate::api_module::cuOccupancyMaxPotentialBlockSize as *const (),
-        "cuOccupancyMaxPotentialBlockSizeWithFlags" => crate::api_module::cuOccupancyMaxPotentialBlockSizeWithFlags as *const (),
-        "cuOccupancyMaxPotentialClusterSize" => crate::api_module::cuOccupancyMaxPotentialClusterSize as *const (),
+        "cuOccupancyAvailableDynamicSMemPerBlock" => {
+            crate::api_module::cuOccupancyAvailableDynamicSMemPerBlock as *const ()
+        }
+        "cuOccupancyMaxActiveBlocksPerMultiprocessor" => {
+            crate::api_module::cuOccupancyMaxActiveBlocksPerMultiprocessor as *const ()
+        }
+        "cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags" => {
+            crate::api_module::cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags as *const ()
+        }
+        "cuOccupancyMaxActiveClusters" => {
+            crate::api_module::cuOccupancyMaxActiveClusters as *const ()
+        }
+        "cuOccupancyMaxPotentialBlockSize" => {
+            crate::api_module::cuOccupancyMaxPotentialBlockSize as *const ()
+        }
+        "cuOccupancyMaxPotentialBlockSizeWithFlags" => {
+            crate::api_module::cuOccupancyMaxPotentialBlockSizeWithFlags as *const ()
+        }
+        "cuOccupancyMaxPotentialClusterSize" => {
+            crate::api_module::cuOccupancyMaxPotentialClusterSize as *const ()
+        }
         "cuPointerGetAttribute" => crate::api_copy::cuPointerGetAttribute as *const (),
         "cuPointerGetAttributes" => crate::api_copy::cuPointerGetAttributes as *const (),
         "cuPointerSetAttribute" => crate::api_copy::cuPointerSetAttribute as *const (),
@@ -665,7 +721,9 @@ pub fn implemented(name: &str) -> Option<*const ()> {
         "cuStreamQuery" => crate::api_stream::cuStreamQuery as *const (),
         "cuStreamSetAttribute" => crate::api_stream::cuStreamSetAttribute as *const (),
         "cuStreamSynchronize" => crate::api_stream::cuStreamSynchronize as *const (),
-        "cuStreamUpdateCaptureDependencies" => crate::api_stream::cuStreamUpdateCaptureDependencies as *const (),
+        "cuStreamUpdateCaptureDependencies" => {
+            crate::api_stream::cuStreamUpdateCaptureDependencies as *const ()
+        }
         "cuStreamWaitEvent" => crate::api_stream::cuStreamWaitEvent as *const (),
         "cuStreamWaitValue32" => crate::api_stream::cuStreamWaitValue32 as *const (),
         "cuStreamWaitValue32_v2" => crate::api_stream::cuStreamWaitValue32_v2 as *const (),
@@ -678,7 +736,9 @@ pub fn implemented(name: &str) -> Option<*const ()> {
         "cuTensorMapEncodeIm2col" => crate::api_module::cuTensorMapEncodeIm2col as *const (),
         "cuTensorMapEncodeTiled" => crate::api_module::cuTensorMapEncodeTiled as *const (),
         "cuTensorMapReplaceAddress" => crate::api_module::cuTensorMapReplaceAddress as *const (),
-        "cuThreadExchangeStreamCaptureMode" => crate::api_stream::cuThreadExchangeStreamCaptureMode as *const (),
+        "cuThreadExchangeStreamCaptureMode" => {
+            crate::api_stream::cuThreadExchangeStreamCaptureMode as *const ()
+        }
         _ => return None,
     })
 }
@@ -1059,7 +1119,10 @@ pub const VERSIONS: &[(&str, &[i32])] = &[
     ("cuMulticastUnbind", &[12010]),
     ("cuOccupancyAvailableDynamicSMemPerBlock", &[10020]),
     ("cuOccupancyMaxActiveBlocksPerMultiprocessor", &[6050]),
-    ("cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags", &[7000]),
+    (
+        "cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags",
+        &[7000],
+    ),
     ("cuOccupancyMaxActiveClusters", &[11070]),
     ("cuOccupancyMaxPotentialBlockSize", &[6050]),
     ("cuOccupancyMaxPotentialBlockSizeWithFlags", &[7000]),
