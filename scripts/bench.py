@@ -6,7 +6,8 @@ Usage: python3 scripts/bench.py [--quick] [--only SECTION ...] [--output FILE] [
 Each section measures side by side where there is a comparison (with and without the shim,
 gpuvisor against other tools) and reports ratios, so the figures hold on any machine of the
 same kind. Needs: cargo, cc, and valgrind for instruction counts (skipped without it).
-Sections: planner, explain, shim-alloc, shim-startup, supervisor, sampler. --quick runs each with
+Sections: planner, explain, shim-alloc, shim-startup, supervisor, sampler, cluster, refusals,
+dryrun (needs a FakeGPU checkout in $FAKEGPU_DIR for its FakeGPU columns). --quick runs each with
 fewer iterations and repetitions (a smoke test of the script, about a minute once built).
 
 Every section also gets a chart, docs/benchmarks/<section>.svg (next to --output), drawn from the

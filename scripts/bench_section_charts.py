@@ -27,6 +27,7 @@ HEADINGS = {
     "sampler": "Sampler",
     "cluster": "Multi-node start-up",
     "refusals": "Shim: refusals under contention",
+    "dryrun": "Memory dry runs: predicted peaks",
 }
 
 SECONDS = {"ps": 1e-12, "ns": 1e-9, "µs": 1e-6, "us": 1e-6, "ms": 1e-3, "s": 1.0}
@@ -267,6 +268,8 @@ BUILDERS = {
     "sampler": sampler_chart,
     "cluster": cluster_chart,
     "refusals": refusals_chart,
+    # Drawn by the section's own script (it knows its table's columns).
+    "dryrun": lambda text: __import__("bench_dryrun").chart(text),
 }
 
 
