@@ -221,8 +221,8 @@ fn make_hooks(
         })
         .collect();
     let dir = runtime::dir()?;
-    remove_stale_ledgers(&dir);
-    // The pid last: remove_stale_ledgers finds dead runs' files by it.
+    runtime::remove_stale_files(&dir);
+    // The pid last: remove_stale_files finds dead runs' files by it.
     let pid = format!("-{}", std::process::id());
     let mut extra_env = Vec::new();
     let mut files = Vec::new();
@@ -263,32 +263,6 @@ fn make_hooks(
 
 /// The simulator's state file variable (`gpuvisor-sim` reads it).
 const SIM_STATE_ENV: &str = "GPUVISOR_SIM_STATE";
-
-/// Removes ledgers `gpuvisor-<job>-<pid>` in `dir` that this user's earlier runs left when
-/// they were killed (their pid is gone). Other users' files and live runs' are not touched.
-fn remove_stale_ledgers(dir: &Path) {
-    use std::os::unix::fs::MetadataExt;
-    let uid = nix::unistd::getuid().as_raw();
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return;
-    };
-    for entry in entries.filter_map(Result::ok) {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        let Some(pid) = name
-            .strip_prefix("gpuvisor-")
-            .and_then(|rest| rest.rsplit_once('-'))
-            .and_then(|(_, pid)| pid.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        let ours = entry
-            .metadata()
-            .is_ok_and(|meta| meta.is_file() && meta.uid() == uid);
-        if ours && !Path::new(&format!("/proc/{pid}")).exists() {
-            let _ = std::fs::remove_file(entry.path());
-        }
-    }
-}
 
 /// The job file's `ready` as the supervisor's readiness (its regex was checked when parsing).
 fn job_readiness(ready: &ReadyWhen) -> Result<Readiness, Failure> {
