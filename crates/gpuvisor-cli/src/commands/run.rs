@@ -118,6 +118,10 @@ pub fn run(args: RunArgs) -> Result<ExitCode, Failure> {
     })?;
     let coordinators = local_coordinators(&plan)?;
     let replicas = replica_specs(&job, &plan, &args.job, &readiness, &coordinators, false)?;
+    // Everything that can be refused is checked before anything is created (exit 2, nothing
+    // left behind): the working directories, then the metrics port, held from here on.
+    check_cwds(&job, &replicas)?;
+    let metrics = args.metrics.map(gpu_source::bind_metrics).transpose()?;
     // The shim (and with --simulate the stand-in driver) are written out before anything
     // starts, so a failure here starts nothing.
     let libraries = match (plan.enforcement, args.inventory.simulate.is_some()) {
@@ -145,7 +149,7 @@ pub fn run(args: RunArgs) -> Result<ExitCode, Failure> {
     let mut options = Options::new(&job.name, Some(vec![keeper.into(), "__keeper".into()]));
     options.terminal = !args.quiet && !args.tui;
     options.sampler_interval = std::time::Duration::from_millis(job.sample_interval_ms);
-    options.metrics = args.metrics;
+    options.metrics = metrics;
     options.watch = gpu_source::watch_config(&job, &plan);
     let (ledger_hooks, sim_state) = make_hooks(&job.name, &plan, libraries.as_ref(), &inventory)?;
     let mut hooks = gpu_source::WithSource {
@@ -183,6 +187,44 @@ pub(crate) fn safe_run_dir(path: &Path) -> Result<PathBuf, Failure> {
             path.display()
         )),
     })
+}
+
+/// Refuses a replica's working directory that does not exist, is not a directory, or cannot
+/// be entered, pointing at the process's `cwd` in the job file.
+fn check_cwds(job: &JobSpec, replicas: &[ReplicaSpec]) -> Result<(), Failure> {
+    use nix::unistd::{access, AccessFlags};
+    for replica in replicas {
+        let Some(cwd) = &replica.launch.cwd else {
+            continue;
+        };
+        let problem = match std::fs::metadata(cwd) {
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => "does not exist".into(),
+            Err(error) => format!("cannot be read: {error}"),
+            Ok(meta) if !meta.is_dir() => "is not a directory".into(),
+            Ok(_) => match access(cwd.as_path(), AccessFlags::X_OK) {
+                Ok(()) => continue,
+                Err(error) => format!("cannot be entered: {}", std::io::Error::from(error)),
+            },
+        };
+        let Some(process) = job.process(&replica.process) else {
+            continue;
+        };
+        let diagnostic = gpuvisor_core::spec::Diagnostic::at(
+            &job.path,
+            &job.source,
+            process.cwd_span,
+            format!(
+                "`cwd` in [process.{}]: {} {problem}",
+                process.name,
+                cwd.display()
+            ),
+        )
+        .with_hint(
+            "create the directory or correct `cwd`; a relative `cwd` starts from the job file's directory",
+        );
+        return Err(Failure::bad_input(diagnostic));
+    }
+    Ok(())
 }
 
 /// The GPUs the job is planned on: simulated, or NVML's; a job of CPU-only processes needs
