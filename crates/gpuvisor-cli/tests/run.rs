@@ -624,6 +624,19 @@ fn every_failure_before_start_exits_2_and_leaves_nothing_behind() {
     let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let busy_port = busy.local_addr().unwrap().port().to_string();
     let long = "x".repeat(131_072);
+    // Arguments that each fit but together pass ARG_MAX.
+    let arg_max: usize = String::from_utf8(
+        std::process::Command::new("getconf")
+            .arg("ARG_MAX")
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap()
+    .trim()
+    .parse()
+    .unwrap();
+    let many = vec![format!("\"{}\"", "y".repeat(100_000)); arg_max / 100_000 + 1].join(", ");
     // (job file's process table after `command`, flags, what stderr must say)
     let cases: Vec<(String, Vec<&str>, Vec<String>)> = vec![
         (
@@ -669,10 +682,23 @@ fn every_failure_before_start_exits_2_and_leaves_nothing_behind() {
             Vec::new(),
             vec!["`env.BIG` in [process.p] is 131076 bytes".to_string()],
         ),
+        (
+            format!("command = [\"touch\", \"started\", {many}]\n"),
+            Vec::new(),
+            vec![
+                "job.toml:4:1: the arguments and environment of [process.p] come to ".to_string(),
+                format!("more than the {arg_max} bytes Linux lets a program start with (ARG_MAX)"),
+                "hint: put large data in files".to_string(),
+            ],
+        ),
     ];
     for (extra, flags, expected) in cases {
+        let command = match extra.starts_with("command") {
+            true => "",
+            false => "command = [\"touch\", \"started\"]\n",
+        };
         let (dir, path) = job(&format!(
-            "[job]\nname = \"pre\"\n\n[process.p]\n{extra}command = [\"touch\", \"started\"]\n"
+            "[job]\nname = \"pre\"\n\n[process.p]\n{extra}{command}"
         ));
         let parent = dir.path().join("runs");
         std::fs::create_dir(&parent).unwrap();

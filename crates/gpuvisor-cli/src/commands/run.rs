@@ -121,6 +121,7 @@ pub fn run(args: RunArgs) -> Result<ExitCode, Failure> {
     // Everything that can be refused is checked before anything is created (exit 2, nothing
     // left behind): the working directories, then the metrics port, held from here on.
     check_cwds(&job, &replicas)?;
+    check_exec_size(&job, &replicas)?;
     let metrics = args.metrics.map(gpu_source::bind_metrics).transpose()?;
     // The shim (and with --simulate the stand-in driver) are written out before anything
     // starts, so a failure here starts nothing.
@@ -189,6 +190,22 @@ pub(crate) fn safe_run_dir(path: &Path) -> Result<PathBuf, Failure> {
     })
 }
 
+/// A refusal (exit 2) pointing at `span` of process `name`'s table in the job file.
+fn process_error(
+    job: &JobSpec,
+    name: &str,
+    span: impl Fn(&gpuvisor_core::spec::ProcessSpec) -> gpuvisor_core::spec::Span,
+    message: String,
+    hint: &str,
+) -> Failure {
+    use gpuvisor_core::spec::Diagnostic;
+    let diagnostic = match job.process(name) {
+        Some(process) => Diagnostic::at(&job.path, &job.source, span(process), message),
+        None => Diagnostic::whole_file(&job.path, message),
+    };
+    Failure::bad_input(diagnostic.with_hint(hint))
+}
+
 /// Refuses a replica's working directory that does not exist, is not a directory, or cannot
 /// be entered, pointing at the process's `cwd` in the job file.
 fn check_cwds(job: &JobSpec, replicas: &[ReplicaSpec]) -> Result<(), Failure> {
@@ -206,23 +223,61 @@ fn check_cwds(job: &JobSpec, replicas: &[ReplicaSpec]) -> Result<(), Failure> {
                 Err(error) => format!("cannot be entered: {}", std::io::Error::from(error)),
             },
         };
-        let Some(process) = job.process(&replica.process) else {
-            continue;
-        };
-        let diagnostic = gpuvisor_core::spec::Diagnostic::at(
-            &job.path,
-            &job.source,
-            process.cwd_span,
-            format!(
-                "`cwd` in [process.{}]: {} {problem}",
-                process.name,
-                cwd.display()
-            ),
-        )
-        .with_hint(
+        return Err(process_error(
+            job,
+            &replica.process,
+            |process| process.cwd_span,
+            format!("`cwd` in [process.{}]: {} {problem}", replica.process, cwd.display()),
             "create the directory or correct `cwd`; a relative `cwd` starts from the job file's directory",
-        );
-        return Err(Failure::bad_input(diagnostic));
+        ));
+    }
+    Ok(())
+}
+
+/// Refuses a replica whose arguments and environment (gpuvisor's own, with the job's on top)
+/// come to more than Linux lets a program start with (`ARG_MAX`), pointing at its process
+/// table: it would fail only after the start, with E2BIG. Each string counts with its NUL and
+/// a pointer to it; 4 KiB are kept for the keeper's arguments and the shim's variables.
+fn check_exec_size(job: &JobSpec, replicas: &[ReplicaSpec]) -> Result<(), Failure> {
+    use nix::unistd::{sysconf, SysconfVar};
+    let Ok(Some(limit)) = sysconf(SysconfVar::ARG_MAX) else {
+        return Ok(());
+    };
+    let limit = limit as usize;
+    let pointer = std::mem::size_of::<usize>();
+    let inherited: BTreeMap<OsString, OsString> = std::env::vars_os().collect();
+    for replica in replicas {
+        let mut env = inherited.clone();
+        for (name, value) in &replica.launch.env {
+            match value {
+                Some(value) => env.insert(name.into(), value.into()),
+                None => env.remove(std::ffi::OsStr::new(name)),
+            };
+        }
+        let argv: usize = replica
+            .launch
+            .argv
+            .iter()
+            .map(|arg| arg.len() + 1 + pointer)
+            .sum();
+        let environment: usize = env
+            .iter()
+            .map(|(name, value)| name.len() + value.len() + 2 + pointer)
+            .sum();
+        let total = argv + environment + 4096;
+        if total <= limit {
+            continue;
+        }
+        return Err(process_error(
+            job,
+            &replica.process,
+            |process| process.span,
+            format!(
+                "the arguments and environment of [process.{}] come to {total} bytes ({argv} of arguments, {environment} of environment), more than the {limit} bytes Linux lets a program start with (ARG_MAX)",
+                replica.process
+            ),
+            "put large data in files and pass their paths; the environment gpuvisor is started with counts too",
+        ));
     }
     Ok(())
 }
