@@ -383,3 +383,26 @@ fn kill_9_of_exec_kills_its_commands_background_children_and_its_ledger_is_recla
 fn sigterm_of_exec_kills_its_commands_background_children() {
     killed_exec_leaves_nothing("-TERM");
 }
+
+#[test]
+fn background_processes_do_not_outlive_the_command() {
+    let duration = format!("3000.{}1", std::process::id());
+    // Not holding gpuvisor's output open: before the keeper, they made no hang, they lived on.
+    let script = format!(
+        "sleep {duration} >/dev/null 2>&1 & setsid sleep {duration} >/dev/null 2>&1 & exit 0"
+    );
+    let run = exec(&["--simulate", "1x16GiB"], &["sh", "-c", &script]);
+    assert_eq!(run.code, Some(0), "{}", run.context());
+    let started = Instant::now();
+    let mut left = sleeping(&duration);
+    while !left.is_empty() && started.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(20));
+        left = sleeping(&duration);
+    }
+    for pid in &left {
+        let _ = std::process::Command::new("kill")
+            .args(["-KILL", &pid.to_string()])
+            .status();
+    }
+    assert!(left.is_empty(), "{left:?} outlived the command");
+}

@@ -168,6 +168,11 @@ pub fn run(args: RunArgs) -> Result<ExitCode, Failure> {
     if let Some(view) = view {
         view.finish();
     }
+    if outcome.is_err() {
+        // Failed while setting up (the control socket, a thread): the ledger and the
+        // simulator's state go now, not at the next run. (Removing them twice is harmless.)
+        let _ = gpuvisor_supervisor::supervisor::Hooks::finish(&mut hooks);
+    }
     let outcome = outcome?;
     eprint!("{}", render_summary(&outcome));
     Ok(ExitCode::from(outcome.status))
