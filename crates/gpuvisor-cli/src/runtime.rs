@@ -32,6 +32,50 @@ pub fn unguessable(dir: &Path, prefix: &str, suffix: &str) -> PathBuf {
     dir.join(format!("{prefix}{}{suffix}", safe_path::random_hex()))
 }
 
+/// Removes the per-run files in `dir` that this user's gpuvisor processes left when they were
+/// killed (their pid is gone): `run`'s ledgers and simulator state files,
+/// `gpuvisor-[sim-]<job>.<random>-<pid>`, and `exec`'s, `gpuvisor-exec-<pid>-<random>-<kind>`.
+/// Other users' files and live processes' are not touched.
+pub fn remove_stale_files(dir: &Path) {
+    use std::os::unix::fs::MetadataExt;
+    let uid = nix::unistd::getuid().as_raw();
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.filter_map(Result::ok) {
+        let Some(pid) = entry.file_name().to_str().and_then(owner_pid) else {
+            continue;
+        };
+        let ours = entry
+            .metadata()
+            .is_ok_and(|meta| meta.is_file() && meta.uid() == uid);
+        if ours && !Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+}
+
+/// The pid of the gpuvisor process that created the per-run file `name`, if it is one.
+fn owner_pid(name: &str) -> Option<u32> {
+    let rest = name.strip_prefix("gpuvisor-")?;
+    // exec: gpuvisor-exec-<pid>-<random>-<kind>
+    if let Some((pid, tail)) = rest
+        .strip_prefix("exec-")
+        .and_then(|rest| rest.split_once('-'))
+    {
+        let is_exec_file = tail
+            .split_once('-')
+            .is_some_and(|(random, kind)| !random.is_empty() && matches!(kind, "ledger" | "sim"));
+        if is_exec_file {
+            return pid.parse().ok();
+        }
+    }
+    // run: gpuvisor-[sim-]<job>.<random>-<pid>
+    let (job, pid) = rest.rsplit_once('-')?;
+    job.contains('.').then_some(())?;
+    pid.parse().ok()
+}
+
 /// Creates `path` empty and owner-only; fails if anything (a file, a symlink) is there.
 pub fn create_private_file(path: &Path) -> io::Result<()> {
     std::fs::OpenOptions::new()
@@ -58,6 +102,44 @@ pub fn create_sim_state(path: &Path) -> Result<(), Failure> {
 mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn stale_files_are_found_by_their_owners_pid() {
+        assert_eq!(owner_pid("gpuvisor-exec-4242-0123abcd-ledger"), Some(4242));
+        assert_eq!(owner_pid("gpuvisor-exec-4242-0123abcd-sim"), Some(4242));
+        assert_eq!(owner_pid("gpuvisor-train.0123abcd-77"), Some(77));
+        assert_eq!(owner_pid("gpuvisor-sim-train.0123abcd-77"), Some(77));
+        // A job named like exec's prefix is still run's.
+        assert_eq!(owner_pid("gpuvisor-exec-3.0123abcd-77"), Some(77));
+        assert_eq!(owner_pid("gpuvisor-exec-4242-0123abcd-other"), None);
+        assert_eq!(owner_pid("gpuvisor-notes-12"), None);
+        assert_eq!(owner_pid("other-train.0123abcd-77"), None);
+    }
+
+    #[test]
+    fn stale_files_of_dead_owners_are_removed_and_live_ones_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        // A pid that cannot be running: above the kernel's maximum.
+        let dead = 1 << 23;
+        let me = std::process::id();
+        let names = [
+            format!("gpuvisor-exec-{dead}-00ff-ledger"),
+            format!("gpuvisor-exec-{dead}-00ff-sim"),
+            format!("gpuvisor-job.00ff-{dead}"),
+            format!("gpuvisor-exec-{me}-00ff-ledger"),
+            format!("gpuvisor-job.00ff-{me}"),
+            "unrelated".to_string(),
+        ];
+        for name in &names {
+            std::fs::write(dir.path().join(name), b"").unwrap();
+        }
+        remove_stale_files(dir.path());
+        let left: Vec<bool> = names
+            .iter()
+            .map(|name| dir.path().join(name).exists())
+            .collect();
+        assert_eq!(left, [false, false, false, true, true, true]);
+    }
 
     #[test]
     fn a_private_file_is_new_and_owner_only_and_never_a_symlink() {

@@ -273,3 +273,136 @@ fn cpu_only_needs_no_gpu_inventory() {
     assert_eq!(run.code, Some(3), "{}", run.context());
     assert_eq!(run.stdout, "[]", "CPU-only: no GPU visible");
 }
+
+/// Pids of processes whose command line is exactly `sleep DURATION`.
+fn sleeping(duration: &str) -> Vec<i32> {
+    let wanted = format!("sleep\0{duration}\0");
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(Result::ok)
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|line| line == wanted.as_bytes())
+        })
+        .collect()
+}
+
+/// exec's files in /dev/shm (ledger, simulator state), by exec's pid.
+fn shm_files_of(exec_pid: u32) -> Vec<String> {
+    let prefix = format!("gpuvisor-exec-{exec_pid}-");
+    std::fs::read_dir("/dev/shm")
+        .map(|entries| {
+            entries
+                .filter_map(Result::ok)
+                .map(|entry| entry.file_name().to_string_lossy().into_owned())
+                .filter(|name| name.starts_with(&prefix))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Starts `gpuvisor exec` on a shell that leaves three sleeps in the background (one in a new
+/// session), sends `signal` to gpuvisor alone, and checks that none of the sleeps is left a few
+/// seconds later and that no file of that exec stays in /dev/shm (after one more exec, which
+/// reclaims what a killed one left).
+fn killed_exec_leaves_nothing(signal: &str) {
+    // A duration only this test uses, to find its sleeps wherever they were reparented.
+    let number = if signal == "-KILL" { 9 } else { 15 };
+    let duration = format!("3000.{}{number}", std::process::id());
+    let script = format!(
+        "sleep {duration} & (sleep {duration} &); setsid sleep {duration} & sleep {duration}"
+    );
+    // A file, not a pipe: a surviving sleep would hold a pipe open and hang the read.
+    let stderr_path = scratch().join(format!("killed-exec-{duration}.stderr"));
+    let child = gpuvisor()
+        .args(["exec", "--simulate", "1x16GiB", "--", "sh", "-c", &script])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&stderr_path).unwrap())
+        .spawn()
+        .unwrap();
+    let exec_pid = child.id();
+    let kill_all = |pids: &[i32]| {
+        for pid in pids {
+            let _ = std::process::Command::new("kill")
+                .args(["-KILL", &pid.to_string()])
+                .status();
+        }
+    };
+    let started = Instant::now();
+    while sleeping(&duration).len() < 4 {
+        if started.elapsed() > Duration::from_secs(20) {
+            kill_all(&sleeping(&duration));
+            panic!("the command's sleeps never all started");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        shm_files_of(exec_pid)
+            .iter()
+            .any(|name| name.ends_with("-ledger")),
+        "exec has a ledger while it runs"
+    );
+    let status = std::process::Command::new("kill")
+        .args([signal, &exec_pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let mut child = child;
+    child.wait().unwrap();
+    let stderr = std::fs::read_to_string(&stderr_path).unwrap_or_default();
+    let gone = Instant::now();
+    let mut left = sleeping(&duration);
+    while !left.is_empty() && gone.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(20));
+        left = sleeping(&duration);
+    }
+    kill_all(&left);
+    assert!(
+        left.is_empty(),
+        "{} of 4 processes outlived `gpuvisor exec` killed with {signal}: {left:?}\n{stderr}",
+        left.len()
+    );
+    // A later gpuvisor reclaims what a killed one could not remove.
+    let run = exec(&["--simulate", "1x16GiB"], &["true"]);
+    assert_eq!(run.code, Some(0), "{}", run.context());
+    assert_eq!(
+        shm_files_of(exec_pid),
+        Vec::<String>::new(),
+        "exec's ledger and simulator state are left in /dev/shm"
+    );
+}
+
+#[test]
+fn kill_9_of_exec_kills_its_commands_background_children_and_its_ledger_is_reclaimed() {
+    killed_exec_leaves_nothing("-KILL");
+}
+
+#[test]
+fn sigterm_of_exec_kills_its_commands_background_children() {
+    killed_exec_leaves_nothing("-TERM");
+}
+
+#[test]
+fn background_processes_do_not_outlive_the_command() {
+    let duration = format!("3000.{}1", std::process::id());
+    // Not holding gpuvisor's output open: before the keeper, they made no hang, they lived on.
+    let script = format!(
+        "sleep {duration} >/dev/null 2>&1 & setsid sleep {duration} >/dev/null 2>&1 & exit 0"
+    );
+    let run = exec(&["--simulate", "1x16GiB"], &["sh", "-c", &script]);
+    assert_eq!(run.code, Some(0), "{}", run.context());
+    let started = Instant::now();
+    let mut left = sleeping(&duration);
+    while !left.is_empty() && started.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(20));
+        left = sleeping(&duration);
+    }
+    for pid in &left {
+        let _ = std::process::Command::new("kill")
+            .args(["-KILL", &pid.to_string()])
+            .status();
+    }
+    assert!(left.is_empty(), "{left:?} outlived the command");
+}

@@ -346,15 +346,33 @@ fn the_simulators_state_file_cannot_be_planted_as_a_symlink() {
     assert!(log.contains("alloc 1073741824 rc=0"), "{log}");
 }
 
+/// `gpuvisor run` (as root) of a one-process CPU job running `sh -c SCRIPT` in `dir` (the
+/// job file is written there), with `--run-dir RUN_DIR`.
+fn run_job(dir: &Path, script: &str, run_dir: &Path) -> Output {
+    std::fs::write(
+        dir.join("job.toml"),
+        format!("[process.p]\ncommand = [\"sh\", \"-c\", \"{script}\"]\ndevice = \"cpu\"\n"),
+    )
+    .unwrap();
+    driver::gpuvisor()
+        .current_dir(dir)
+        .args([
+            "run",
+            "job.toml",
+            "--simulate",
+            "1x1GiB",
+            "--quiet",
+            "--run-dir",
+        ])
+        .arg(run_dir)
+        .output()
+        .unwrap()
+}
+
 #[test]
 fn a_run_directory_another_user_can_change_is_refused() {
     let Some(_) = hostile_uid() else { return };
     let dir = tempfile::tempdir().unwrap();
-    std::fs::write(
-        dir.path().join("job.toml"),
-        "[process.p]\ncommand = [\"touch\", \"started\"]\ndevice = \"cpu\"\n",
-    )
-    .unwrap();
     let theirs = tmp_path("runs");
     let link = tmp_path("run-link");
     let root_owned = tmp_path("root-owned");
@@ -369,19 +387,7 @@ fn a_run_directory_another_user_can_change_is_refused() {
     let owner = format!("is owned by {HOSTILE} (uid ");
     let symlink = format!("{} is a symlink owned by {HOSTILE}", link.display());
     for (run_dir, says) in [(theirs.join("run"), &owner), (link.clone(), &symlink)] {
-        let output = driver::gpuvisor()
-            .current_dir(dir.path())
-            .args([
-                "run",
-                "job.toml",
-                "--simulate",
-                "1x1GiB",
-                "--quiet",
-                "--run-dir",
-            ])
-            .arg(&run_dir)
-            .output()
-            .unwrap();
+        let output = run_job(dir.path(), "touch started", &run_dir);
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert_eq!(output.status.code(), Some(2), "{stderr}");
         let refused = format!("error: refusing the run directory {}: ", run_dir.display());
@@ -396,4 +402,33 @@ fn a_run_directory_another_user_can_change_is_refused() {
         let _ = std::fs::remove_dir_all(path);
     }
     let _ = std::fs::remove_file(&link);
+}
+
+#[test]
+fn ps_on_a_run_the_user_cannot_read_says_permission_denied() {
+    let Some(_) = hostile_uid() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let parent = tmp_path("ps");
+    std::fs::create_dir(&parent).unwrap();
+    std::fs::set_permissions(&parent, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let run_dir = parent.join("run");
+    let output = run_job(dir.path(), "true", &run_dir);
+    assert!(output.status.success(), "{output:?}");
+    let ps = as_hostile(&format!(
+        "'{}' ps '{}'",
+        env!("CARGO_BIN_EXE_gpuvisor"),
+        run_dir.display()
+    ));
+    let stderr = String::from_utf8_lossy(&ps.stderr);
+    assert_eq!(ps.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.starts_with(&format!(
+            "error: cannot read the run directory {}: permission denied",
+            run_dir.display()
+        )) && stderr.contains("is owned by root, mode 0700")
+            && stderr.contains("\n  hint: "),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("not a run directory"), "{stderr}");
+    let _ = std::fs::remove_dir_all(&parent);
 }

@@ -603,3 +603,131 @@ fn a_cpu_only_job_runs_without_a_gpu_or_simulate() {
     assert_eq!(run.code, Some(0), "{}", run.stderr);
     assert_eq!(run.stdout, "a | hello\n");
 }
+
+/// Names in /dev/shm of files a `run` with this pid created (its ledger and simulator state
+/// end in `-<pid>`).
+fn shm_files_of_run(pid: u32) -> Vec<String> {
+    let suffix = format!("-{pid}");
+    std::fs::read_dir("/dev/shm")
+        .map(|entries| {
+            entries
+                .filter_map(Result::ok)
+                .map(|entry| entry.file_name().to_string_lossy().into_owned())
+                .filter(|name| name.starts_with("gpuvisor-") && name.ends_with(&suffix))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn every_failure_before_start_exits_2_and_leaves_nothing_behind() {
+    let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let busy_port = busy.local_addr().unwrap().port().to_string();
+    let long = "x".repeat(131_072);
+    // Arguments that each fit but together pass ARG_MAX.
+    let arg_max: usize = String::from_utf8(
+        std::process::Command::new("getconf")
+            .arg("ARG_MAX")
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap()
+    .trim()
+    .parse()
+    .unwrap();
+    let many = vec![format!("\"{}\"", "y".repeat(100_000)); arg_max / 100_000 + 1].join(", ");
+    // (job file's process table after `command`, flags, what stderr must say)
+    let cases: Vec<(String, Vec<&str>, Vec<String>)> = vec![
+        (
+            String::new(),
+            vec!["--metrics", &busy_port],
+            vec![
+                format!("cannot serve --metrics on 127.0.0.1:{busy_port}: Address already in use"),
+                "hint: another program listens on port".to_string(),
+            ],
+        ),
+        (
+            String::new(),
+            vec!["--metrics", "0.0.0.0:0"],
+            vec![
+                "0.0.0.0:0 is not a loopback address".to_string(),
+                "hint: use 127.0.0.1:PORT".to_string(),
+            ],
+        ),
+        (
+            "env = { TOKEN = \"ab\\u0000c\" }\n".to_string(),
+            Vec::new(),
+            vec![
+                "job.toml:5:17: `env.TOKEN` in [process.p] holds a NUL byte".to_string(),
+                "hint: ".to_string(),
+            ],
+        ),
+        (
+            "cwd = \"no-such-directory\"\n".to_string(),
+            Vec::new(),
+            vec![
+                "job.toml:5:7: `cwd` in [process.p]: ".to_string(),
+                "no-such-directory does not exist".to_string(),
+                "hint: create the directory".to_string(),
+            ],
+        ),
+        (
+            "cwd = \"job.toml\"\n".to_string(),
+            Vec::new(),
+            vec!["job.toml is not a directory".to_string()],
+        ),
+        (
+            format!("env = {{ BIG = \"{long}\" }}\n"),
+            Vec::new(),
+            vec!["`env.BIG` in [process.p] is 131076 bytes".to_string()],
+        ),
+        (
+            format!("command = [\"touch\", \"started\", {many}]\n"),
+            Vec::new(),
+            vec![
+                "job.toml:4:1: the arguments and environment of [process.p] come to ".to_string(),
+                format!("more than the {arg_max} bytes Linux lets a program start with (ARG_MAX)"),
+                "hint: put large data in files".to_string(),
+            ],
+        ),
+    ];
+    for (extra, flags, expected) in cases {
+        let command = match extra.starts_with("command") {
+            true => "",
+            false => "command = [\"touch\", \"started\"]\n",
+        };
+        let (dir, path) = job(&format!(
+            "[job]\nname = \"pre\"\n\n[process.p]\n{extra}{command}"
+        ));
+        let parent = dir.path().join("runs");
+        std::fs::create_dir(&parent).unwrap();
+        let child = gpuvisor()
+            .current_dir(dir.path())
+            .arg("run")
+            .arg(&path)
+            .arg("--run-dir")
+            .arg(parent.join("run"))
+            .args(["--simulate", "1x80GiB", "--quiet"])
+            .args(&flags)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        let run: Run = child.wait_with_output().unwrap().into();
+        let stderr = &run.stderr[..run.stderr.len().min(2000)];
+        assert_eq!(run.code, Some(2), "{flags:?} {extra:.80}: {stderr}");
+        for text in &expected {
+            assert!(
+                stderr.contains(text.as_str()),
+                "expected `{text}` in:\n{stderr}"
+            );
+        }
+        assert!(!dir.path().join("started").exists(), "{stderr}");
+        let created: Vec<_> = std::fs::read_dir(&parent).unwrap().collect();
+        assert!(created.is_empty(), "a run directory was created: {stderr}");
+        assert_eq!(shm_files_of_run(pid), Vec::<String>::new(), "{stderr}");
+    }
+    drop(busy);
+}

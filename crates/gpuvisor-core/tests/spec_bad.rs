@@ -148,3 +148,62 @@ fn a_byte_order_mark_is_not_an_error() {
     let job = parse_job(Path::new("bom.toml"), text).unwrap_or_else(|error| panic!("{error}"));
     assert_eq!(job.processes[0].name, "a");
 }
+
+#[test]
+fn strings_a_program_cannot_be_given_are_refused_at_their_key() {
+    use gpuvisor_core::spec::MAX_ARG_BYTES;
+    let head = "[process.p]\ndevice = \"cpu\"\n";
+    let long = "x".repeat(MAX_ARG_BYTES);
+    let fits = "x".repeat(MAX_ARG_BYTES - 1);
+    let cases: Vec<(String, (usize, usize), &str)> = vec![
+        (
+            format!("{head}command = [\"true\"]\nenv = {{ A = \"1\", TOKEN = \"ab\\u0000c\" }}\n"),
+            (4, 26),
+            "`env.TOKEN` in [process.p] holds a NUL byte (\\u0000) at byte 3",
+        ),
+        (
+            format!("{head}command = [\"echo\", \"a\\u0000\"]\n"),
+            (3, 20),
+            "element 2 of `command` in [process.p] holds a NUL byte",
+        ),
+        (
+            format!("{head}command = \"echo \\u0000\"\nshell = true\n"),
+            (3, 11),
+            "`command` in [process.p] holds a NUL byte",
+        ),
+        (
+            format!("{head}command = [\"true\"]\ncwd = \"/tmp/\\u0000\"\n"),
+            (4, 7),
+            "`cwd` in [process.p] holds a NUL byte",
+        ),
+        (
+            format!("{head}command = [\"echo\", \"{long}\"]\n"),
+            (3, 20),
+            "element 2 of `command` in [process.p] is 131072 bytes; Linux passes at most 131071 bytes as one argument or variable",
+        ),
+        (
+            // NAME=value is what the program gets: 3 + 131069 bytes.
+            format!("{head}command = [\"true\"]\nenv.AB = \"{}\"\n", &fits[2..]),
+            (4, 10),
+            "`env.AB` in [process.p] is 131072 bytes",
+        ),
+    ];
+    for (text, (line, col), expected) in cases {
+        let diagnostic = match parse_job(Path::new("job.toml"), &text) {
+            Ok(_) => panic!("accepted: {}", &text[..text.len().min(200)]),
+            Err(diagnostic) => diagnostic,
+        };
+        let shown = diagnostic.to_string();
+        let shown = &shown[..shown.len().min(400)];
+        assert!(
+            diagnostic.message.contains(expected),
+            "expected `{expected}` in {shown}"
+        );
+        let span = diagnostic.span.expect("located");
+        assert_eq!((span.line, span.col), (line, col), "{shown}");
+        assert!(diagnostic.hint.is_some(), "{shown}");
+    }
+    // One byte less fits.
+    let text = format!("{head}command = [\"echo\", \"{fits}\"]\n");
+    assert!(parse_job(Path::new("job.toml"), &text).is_ok());
+}

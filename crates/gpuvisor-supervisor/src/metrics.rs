@@ -292,6 +292,12 @@ pub fn serve(
     allow_remote: bool,
     latest: SharedSnapshot,
 ) -> io::Result<SocketAddr> {
+    serve_on(Arc::new(bind(address, allow_remote)?), latest)
+}
+
+/// Listens on `address` for [`serve_on`], refusing a non-loopback address unless
+/// `allow_remote`: a caller binds first, so a port in use fails before it creates anything.
+pub fn bind(address: SocketAddr, allow_remote: bool) -> io::Result<TcpListener> {
     if !address.ip().is_loopback() && !allow_remote {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
@@ -300,7 +306,12 @@ pub fn serve(
             ),
         ));
     }
-    let listener = TcpListener::bind(address)?;
+    TcpListener::bind(address)
+}
+
+/// Serves `GET /metrics` from `latest` on a listener from [`bind`], on a thread; returns its
+/// address.
+pub fn serve_on(listener: Arc<TcpListener>, latest: SharedSnapshot) -> io::Result<SocketAddr> {
     let bound = listener.local_addr()?;
     std::thread::Builder::new()
         .name("gpuvisor-metrics".into())

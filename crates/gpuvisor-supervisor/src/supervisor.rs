@@ -139,8 +139,9 @@ pub struct Options {
     pub sampler_interval: Duration,
     /// Policies and stall detection.
     pub watch: crate::watch::WatchConfig,
-    /// Serve metrics here (`--metrics`).
-    pub metrics: Option<SocketAddr>,
+    /// Serve metrics on this listener (`--metrics`), bound with `metrics::bind` before
+    /// anything was created, so a port in use is refused first.
+    pub metrics: Option<Arc<std::net::TcpListener>>,
 }
 
 impl Options {
@@ -314,8 +315,11 @@ pub fn supervise(
             })?;
     }
     let latest: crate::metrics::SharedSnapshot = Arc::default();
-    let metrics_address = match options.metrics {
-        Some(address) => Some(crate::metrics::serve(address, false, Arc::clone(&latest))?),
+    let metrics_address = match &options.metrics {
+        Some(listener) => Some(crate::metrics::serve_on(
+            Arc::clone(listener),
+            Arc::clone(&latest),
+        )?),
         None => None,
     };
     let sampler_interval = options.sampler_interval.max(Duration::from_millis(50));

@@ -84,6 +84,8 @@ pub fn run(args: ExecArgs) -> Result<ExitCode, Failure> {
         _ => Vec::new(),
     };
     let runtime_dir = runtime::dir()?;
+    // What earlier gpuvisor processes killed with SIGKILL could not remove.
+    runtime::remove_stale_files(&runtime_dir);
     let ledger_path = runtime_path(&runtime_dir, "ledger");
     let group = group_config(&args, budget, devices.len(), fenced.len());
     let ledger_devices: Vec<DeviceInfo> = devices
@@ -109,11 +111,22 @@ pub fn run(args: ExecArgs) -> Result<ExitCode, Failure> {
     }
 
     let replica = exec_replica(&args, framework, budget, &devices);
-    let trampoline = std::env::current_exe().map_err(|error| {
+    let gpuvisor = std::env::current_exe().map_err(|error| {
         Failure::unavailable(format!("cannot find the gpuvisor executable: {error}"))
     })?;
-    let mut command = Command::new(trampoline);
-    command.arg("__exec-child").arg("--").args(&args.command);
+    // `run`'s keeper stands between gpuvisor and CMD: a child subreaper with a parent-death
+    // signal, it kills CMD's whole tree when CMD exits or when gpuvisor dies, even by SIGKILL.
+    // It stays in gpuvisor's process group, so CMD keeps the terminal's foreground.
+    let mut command = Command::new(&gpuvisor);
+    command
+        .arg("__keeper")
+        .arg("--parent")
+        .arg(std::process::id().to_string())
+        .arg("--")
+        .arg(&gpuvisor)
+        .arg("__exec-child")
+        .arg("--")
+        .args(&args.command);
     apply_env(&mut command, &replica, &libraries, &ledger_path, &args);
     if let (Some(sim_dir), Some(state)) = (&libraries.sim_dir, &sim_state) {
         command.env(
@@ -134,20 +147,22 @@ pub fn run(args: ExecArgs) -> Result<ExitCode, Failure> {
     };
     let sampler = Sampler::start(&ledger_path);
     let started = Instant::now();
-    let mut child = match command.spawn() {
-        Ok(child) => child,
+    let mut keeper = match command.spawn() {
+        Ok(keeper) => keeper,
         Err(error) => {
             let _ = sampler.finish();
             cleanup(ledger);
             return Err(Failure::unavailable(format!(
-                "cannot start gpuvisor's exec trampoline: {error}"
+                "cannot start gpuvisor's keeper for the command: {error}"
             )));
         }
     };
-    signals::forward_to(child.id());
+    let keeper_id = keeper.id() as i32;
+    let child_id = signals::command_of(keeper_id).unwrap_or(keeper_id);
+    signals::forward_to(child_id, keeper_id);
 
-    let child_id = child.id() as i32;
-    let waited = child.wait();
+    // The keeper exits the way CMD did (same code, or the same signal).
+    let waited = keeper.wait();
     let elapsed = started.elapsed();
     let observed = sampler.finish();
     cleanup(ledger);
@@ -184,7 +199,7 @@ pub fn run(args: ExecArgs) -> Result<ExitCode, Failure> {
     Ok(ExitCode::from(exit_status.clamp(0, 255) as u8))
 }
 
-/// `gpuvisor __exec-child -- CMD`: restores default actions and unblocks the signals `exec`
+/// `gpuvisor __exec-child -- CMD` (started by the keeper): restores default actions and unblocks the signals `exec`
 /// forwards (blocked in gpuvisor and inherited), then becomes CMD. Exits 127 / 126 like a shell when CMD cannot be run.
 pub fn run_child(args: ExecChildArgs) -> ExitCode {
     // Default actions and an empty mask, as `run` gives its replicas: gpuvisor blocks the

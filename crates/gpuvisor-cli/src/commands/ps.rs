@@ -188,9 +188,39 @@ fn is_run_dir(text: &str) -> bool {
     Path::new(text).join("events.jsonl").exists()
 }
 
+/// Whether `run` (or its `events.jsonl`) exists but this user may not look inside.
+fn is_unreadable(run: &Path) -> bool {
+    let denied = |error: std::io::Error| error.kind() == std::io::ErrorKind::PermissionDenied;
+    run.join("events.jsonl").try_exists().is_err_and(denied)
+        || std::fs::read_dir(run).is_err_and(denied)
+}
+
+/// ` (owned by NAME, mode 0700)`, or nothing when even that cannot be read.
+fn owner_and_mode(path: &Path) -> String {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(meta) = std::fs::metadata(path) else {
+        return String::new();
+    };
+    let uid = nix::unistd::Uid::from_raw(meta.uid());
+    let owner = match nix::unistd::User::from_uid(uid) {
+        Ok(Some(user)) => user.name,
+        _ => format!("uid {uid}"),
+    };
+    format!(
+        " ({} is owned by {owner}, mode {:04o})",
+        path.display(),
+        meta.mode() & 0o7777
+    )
+}
+
 fn resolve_run(run: Option<&Path>) -> Result<PathBuf, Failure> {
     match run {
         Some(run) if run.join("events.jsonl").exists() => Ok(run.to_path_buf()),
+        Some(run) if is_unreadable(run) => Err(Failure::unavailable(format!(
+            "cannot read the run directory {}: permission denied{}\n  hint: a run directory is private to the user who ran the job; run `gpuvisor ps` as that user or as root",
+            run.display(),
+            owner_and_mode(run)
+        ))),
         Some(run) => Err(Failure::bad_input(format!(
             "{} is not a run directory (it has no events.jsonl)\n  hint: give the directory `gpuvisor run` printed, e.g. runs/<job>-<time>",
             run.display()

@@ -118,6 +118,11 @@ pub fn run(args: RunArgs) -> Result<ExitCode, Failure> {
     })?;
     let coordinators = local_coordinators(&plan)?;
     let replicas = replica_specs(&job, &plan, &args.job, &readiness, &coordinators, false)?;
+    // Everything that can be refused is checked before anything is created (exit 2, nothing
+    // left behind): the working directories, then the metrics port, held from here on.
+    check_cwds(&job, &replicas)?;
+    check_exec_size(&job, &replicas)?;
+    let metrics = args.metrics.map(gpu_source::bind_metrics).transpose()?;
     // The shim (and with --simulate the stand-in driver) are written out before anything
     // starts, so a failure here starts nothing.
     let libraries = match (plan.enforcement, args.inventory.simulate.is_some()) {
@@ -145,7 +150,7 @@ pub fn run(args: RunArgs) -> Result<ExitCode, Failure> {
     let mut options = Options::new(&job.name, Some(vec![keeper.into(), "__keeper".into()]));
     options.terminal = !args.quiet && !args.tui;
     options.sampler_interval = std::time::Duration::from_millis(job.sample_interval_ms);
-    options.metrics = args.metrics;
+    options.metrics = metrics;
     options.watch = gpu_source::watch_config(&job, &plan);
     let (ledger_hooks, sim_state) = make_hooks(&job.name, &plan, libraries.as_ref(), &inventory)?;
     let mut hooks = gpu_source::WithSource {
@@ -162,6 +167,11 @@ pub fn run(args: RunArgs) -> Result<ExitCode, Failure> {
     let outcome = supervise(replicas, &run_dir, options, &mut hooks);
     if let Some(view) = view {
         view.finish();
+    }
+    if outcome.is_err() {
+        // Failed while setting up (the control socket, a thread): the ledger and the
+        // simulator's state go now, not at the next run. (Removing them twice is harmless.)
+        let _ = gpuvisor_supervisor::supervisor::Hooks::finish(&mut hooks);
     }
     let outcome = outcome?;
     // Not eprint!, which panics when stderr is a terminal that went away.
@@ -184,6 +194,98 @@ pub(crate) fn safe_run_dir(path: &Path) -> Result<PathBuf, Failure> {
             path.display()
         )),
     })
+}
+
+/// A refusal (exit 2) pointing at `span` of process `name`'s table in the job file.
+fn process_error(
+    job: &JobSpec,
+    name: &str,
+    span: impl Fn(&gpuvisor_core::spec::ProcessSpec) -> gpuvisor_core::spec::Span,
+    message: String,
+    hint: &str,
+) -> Failure {
+    use gpuvisor_core::spec::Diagnostic;
+    let diagnostic = match job.process(name) {
+        Some(process) => Diagnostic::at(&job.path, &job.source, span(process), message),
+        None => Diagnostic::whole_file(&job.path, message),
+    };
+    Failure::bad_input(diagnostic.with_hint(hint))
+}
+
+/// Refuses a replica's working directory that does not exist, is not a directory, or cannot
+/// be entered, pointing at the process's `cwd` in the job file.
+fn check_cwds(job: &JobSpec, replicas: &[ReplicaSpec]) -> Result<(), Failure> {
+    use nix::unistd::{access, AccessFlags};
+    for replica in replicas {
+        let Some(cwd) = &replica.launch.cwd else {
+            continue;
+        };
+        let problem = match std::fs::metadata(cwd) {
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => "does not exist".into(),
+            Err(error) => format!("cannot be read: {error}"),
+            Ok(meta) if !meta.is_dir() => "is not a directory".into(),
+            Ok(_) => match access(cwd.as_path(), AccessFlags::X_OK) {
+                Ok(()) => continue,
+                Err(error) => format!("cannot be entered: {}", std::io::Error::from(error)),
+            },
+        };
+        return Err(process_error(
+            job,
+            &replica.process,
+            |process| process.cwd_span,
+            format!("`cwd` in [process.{}]: {} {problem}", replica.process, cwd.display()),
+            "create the directory or correct `cwd`; a relative `cwd` starts from the job file's directory",
+        ));
+    }
+    Ok(())
+}
+
+/// Refuses a replica whose arguments and environment (gpuvisor's own, with the job's on top)
+/// come to more than Linux lets a program start with (`ARG_MAX`), pointing at its process
+/// table: it would fail only after the start, with E2BIG. Each string counts with its NUL and
+/// a pointer to it; 4 KiB are kept for the keeper's arguments and the shim's variables.
+fn check_exec_size(job: &JobSpec, replicas: &[ReplicaSpec]) -> Result<(), Failure> {
+    use nix::unistd::{sysconf, SysconfVar};
+    let Ok(Some(limit)) = sysconf(SysconfVar::ARG_MAX) else {
+        return Ok(());
+    };
+    let limit = limit as usize;
+    let pointer = std::mem::size_of::<usize>();
+    let inherited: BTreeMap<OsString, OsString> = std::env::vars_os().collect();
+    for replica in replicas {
+        let mut env = inherited.clone();
+        for (name, value) in &replica.launch.env {
+            match value {
+                Some(value) => env.insert(name.into(), value.into()),
+                None => env.remove(std::ffi::OsStr::new(name)),
+            };
+        }
+        let argv: usize = replica
+            .launch
+            .argv
+            .iter()
+            .map(|arg| arg.len() + 1 + pointer)
+            .sum();
+        let environment: usize = env
+            .iter()
+            .map(|(name, value)| name.len() + value.len() + 2 + pointer)
+            .sum();
+        let total = argv + environment + 4096;
+        if total <= limit {
+            continue;
+        }
+        return Err(process_error(
+            job,
+            &replica.process,
+            |process| process.span,
+            format!(
+                "the arguments and environment of [process.{}] come to {total} bytes ({argv} of arguments, {environment} of environment), more than the {limit} bytes Linux lets a program start with (ARG_MAX)",
+                replica.process
+            ),
+            "put large data in files and pass their paths; the environment gpuvisor is started with counts too",
+        ));
+    }
+    Ok(())
 }
 
 /// The GPUs the job is planned on: simulated, or NVML's; a job of CPU-only processes needs
@@ -222,8 +324,8 @@ fn make_hooks(
         })
         .collect();
     let dir = runtime::dir()?;
-    remove_stale_ledgers(&dir);
-    // The pid last: remove_stale_ledgers finds dead runs' files by it.
+    runtime::remove_stale_files(&dir);
+    // The pid last: remove_stale_files finds dead runs' files by it.
     let pid = format!("-{}", std::process::id());
     let mut extra_env = Vec::new();
     let mut files = Vec::new();
@@ -264,32 +366,6 @@ fn make_hooks(
 
 /// The simulator's state file variable (`gpuvisor-sim` reads it).
 const SIM_STATE_ENV: &str = "GPUVISOR_SIM_STATE";
-
-/// Removes ledgers `gpuvisor-<job>-<pid>` in `dir` that this user's earlier runs left when
-/// they were killed (their pid is gone). Other users' files and live runs' are not touched.
-fn remove_stale_ledgers(dir: &Path) {
-    use std::os::unix::fs::MetadataExt;
-    let uid = nix::unistd::getuid().as_raw();
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return;
-    };
-    for entry in entries.filter_map(Result::ok) {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        let Some(pid) = name
-            .strip_prefix("gpuvisor-")
-            .and_then(|rest| rest.rsplit_once('-'))
-            .and_then(|(_, pid)| pid.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        let ours = entry
-            .metadata()
-            .is_ok_and(|meta| meta.is_file() && meta.uid() == uid);
-        if ours && !Path::new(&format!("/proc/{pid}")).exists() {
-            let _ = std::fs::remove_file(entry.path());
-        }
-    }
-}
 
 /// The job file's `ready` as the supervisor's readiness (its regex was checked when parsing).
 fn job_readiness(ready: &ReadyWhen) -> Result<Readiness, Failure> {

@@ -27,3 +27,4 @@ pub use model::*;
 pub use parse::{accepted_keys, parse_job, read_job_file, DEFAULT_CONTEXT_OVERHEAD_BYTES};
 pub use placeholder::{substitute_replica, REPLICA_PLACEHOLDER};
 pub use restart::{parse_duration_ms, DurationError};
+pub use values::MAX_ARG_BYTES;

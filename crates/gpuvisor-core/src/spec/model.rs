@@ -98,6 +98,9 @@ pub struct ProcessSpec {
     pub command: Command,
     /// Working directory (relative paths are relative to the job file's directory).
     pub cwd: Option<PathBuf>,
+    /// Where `cwd` was written (or the table, if not written): `run` checks the directory
+    /// exists before anything starts and points here when it does not.
+    pub cwd_span: Span,
     /// Extra environment; `{replica}` is substituted in values. Wins over generated variables.
     pub env: BTreeMap<String, String>,
     /// How many copies to run (>= 1).

@@ -123,6 +123,8 @@ pub(super) fn process(
                     "remove `cwd` to keep the default working directory, or give a path",
                 ));
             }
+            let what = format!("`cwd` in {table_name}");
+            values::check_passable(source, field.value_range(), &what, text, text.len())?;
             Some(PathBuf::from(text))
         }
     };
@@ -214,6 +216,7 @@ pub(super) fn process(
         span: source.span(value.span()),
         command,
         cwd,
+        cwd_span: table.span_of("cwd"),
         env,
         replicas,
         framework,

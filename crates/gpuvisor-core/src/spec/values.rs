@@ -11,6 +11,40 @@ use super::reader::{entries_in_file_order, suggest, Field, Source};
 use super::{Command, Diagnostic, MemoryAsk, ReadyWhen};
 use crate::size::{parse_size, SizeError};
 
+/// Linux's limit on one argument or one `NAME=value` of a program's environment
+/// (`MAX_ARG_STRLEN`: 32 pages of 4 KiB), counting the NUL that ends it.
+pub const MAX_ARG_BYTES: usize = 131_072;
+
+/// Refuses a string that cannot reach a program: a NUL byte (arguments, variables and paths are
+/// C strings, which end there), or more bytes than Linux passes as one argument or variable.
+/// `what` names the key ("`env.NAME` in [process.x]"); `bytes` is what the program gets (for a
+/// variable, `NAME=value`).
+pub(super) fn check_passable(
+    source: Source<'_>,
+    range: Range<usize>,
+    what: &str,
+    text: &str,
+    bytes: usize,
+) -> Result<(), Diagnostic> {
+    if let Some(at) = text.find('\0') {
+        return Err(source
+            .error(range, format!("{what} holds a NUL byte (\\u0000) at byte {}", at + 1))
+            .with_hint("programs get their arguments, environment and paths as C strings, which end at the first NUL byte; remove it"));
+    }
+    if bytes >= MAX_ARG_BYTES {
+        return Err(source
+            .error(
+                range,
+                format!(
+                    "{what} is {bytes} bytes; Linux passes at most {} bytes as one argument or variable",
+                    MAX_ARG_BYTES - 1
+                ),
+            )
+            .with_hint("put large data in a file and pass its path instead"));
+    }
+    Ok(())
+}
+
 /// Units [`parse_size`] accepts, for hints.
 const SIZE_UNITS: &[&str] = &["B", "KiB", "MiB", "GiB", "TiB", "KB", "MB", "GB", "TB"];
 
@@ -196,6 +230,8 @@ pub(super) fn command(
         })),
         DeValue::String(text) if shell => {
             check_placeholders(source, field, value, text)?;
+            let what = format!("`{}` in {}", field.key, field.table);
+            check_passable(source, value.span(), &what, text, text.len())?;
             Ok(Command::Shell(text.to_string()))
         }
         DeValue::String(text) => {
@@ -241,6 +277,8 @@ pub(super) fn command(
                         .with_hint("the first element is the program to run, e.g. \"python\""));
                 }
                 check_placeholders(source, field, element, word)?;
+                let what = format!("element {} of `{}` in {}", index + 1, field.key, field.table);
+                check_passable(source, element.span(), &what, word, word.len())?;
                 argv.push(word.to_string());
             }
             Ok(Command::Argv(argv))
@@ -286,6 +324,9 @@ pub(super) fn env(
                 )));
         };
         check_placeholders(source, field, value, text)?;
+        let what = format!("`env.{name_text}` in {}", field.table);
+        let bytes = name_text.len() + 1 + text.len();
+        check_passable(source, value.span(), &what, text, bytes)?;
         env.insert(name_text.to_string(), text.to_string());
     }
     Ok(env)

@@ -204,6 +204,7 @@ impl JobBuilder {
                 span,
                 command: process.command,
                 cwd: None,
+                cwd_span: span,
                 env: process.env,
                 replicas: process.replicas,
                 framework: process.framework,

@@ -10,6 +10,8 @@ use gpuvisor_supervisor::gpu_source::{
 use nvml_wrapper::enums::device::UsedGpuMemory;
 use nvml_wrapper::Nvml;
 
+use crate::failure::Failure;
+
 /// NVML as a [`GpuSource`].
 pub struct NvmlSource {
     nvml: Nvml,
@@ -179,12 +181,39 @@ pub fn watch_config(
     }
 }
 
-/// `--metrics ADDR`: `HOST:PORT`, or a bare `PORT` on 127.0.0.1.
+/// `--metrics ADDR`: `HOST:PORT`, or a bare `PORT` on 127.0.0.1; a loopback address only
+/// (checked with the arguments, before anything is created).
 pub fn parse_metrics_address(text: &str) -> Result<std::net::SocketAddr, String> {
-    if let Ok(port) = text.parse::<u16>() {
-        return Ok(std::net::SocketAddr::from(([127, 0, 0, 1], port)));
+    let address = match text.parse::<u16>() {
+        Ok(port) => std::net::SocketAddr::from(([127, 0, 0, 1], port)),
+        Err(_) => text.parse().map_err(|_| {
+            format!("`{text}` is not PORT or HOST:PORT\n  hint: --metrics 9400 serves on 127.0.0.1:9400")
+        })?,
+    };
+    if !address.ip().is_loopback() {
+        return Err(format!(
+            "{address} is not a loopback address\n  hint: use 127.0.0.1:PORT (or just PORT); the metrics name your processes and are not authenticated"
+        ));
     }
-    text.parse().map_err(|_| {
-        format!("`{text}` is not PORT or HOST:PORT (hint: --metrics 9400 serves on 127.0.0.1:9400)")
-    })
+    Ok(address)
+}
+
+/// Listens on `--metrics ADDR` before anything is created, so a port in use is bad input that
+/// leaves nothing behind.
+pub fn bind_metrics(
+    address: std::net::SocketAddr,
+) -> Result<std::sync::Arc<std::net::TcpListener>, Failure> {
+    let listener = gpuvisor_supervisor::metrics::bind(address, false).map_err(|error| {
+        let port = address.port();
+        let hint = match error.kind() {
+            std::io::ErrorKind::AddrInUse => format!(
+                "another program listens on port {port} (`ss -ltnp 'sport = :{port}'` shows which); pick a free port, or --metrics 0 for any (the `metrics` event in events.jsonl names it)"
+            ),
+            _ => "use a loopback address of this machine, e.g. --metrics 9400".to_string(),
+        };
+        Failure::bad_input(format!(
+            "cannot serve --metrics on {address}: {error}\n  hint: {hint}"
+        ))
+    })?;
+    Ok(std::sync::Arc::new(listener))
 }

@@ -109,6 +109,11 @@ pub fn head(args: &RunArgs, job: JobSpec, allocation: Allocation) -> Result<Exit
         ))
     })?;
     let head = listener.local_addr()?.to_string();
+    // Held from here, so a port in use is refused before the run directory exists.
+    let metrics = args
+        .metrics
+        .map(super::gpu_source::bind_metrics)
+        .transpose()?;
     let run_path = args.run_dir.clone().unwrap_or_else(|| {
         RunDir::default_path(
             Path::new(gpuvisor_supervisor::rundir::DEFAULT_RUNS),
@@ -166,12 +171,13 @@ pub fn head(args: &RunArgs, job: JobSpec, allocation: Allocation) -> Result<Exit
         });
     }
     let latest: SharedSnapshot = Arc::default();
-    if let Some(address) = args.metrics {
-        let bound = gpuvisor_supervisor::metrics::serve(address, false, Arc::clone(&latest))
-            .map_err(|error| {
+    if let Some(listener) = metrics {
+        let bound = gpuvisor_supervisor::metrics::serve_on(listener, Arc::clone(&latest)).map_err(
+            |error| {
                 let _ = std::fs::remove_file(run_dir.socket_path());
-                Failure::unavailable(format!("cannot serve metrics at {address}: {error}"))
-            })?;
+                Failure::unavailable(format!("cannot serve metrics: {error}"))
+            },
+        )?;
         events.write(&Event::new("metrics").with("address", bound.to_string()));
         eprintln!("gpuvisor: metrics of every node at http://{bound}/metrics");
     }
