@@ -250,3 +250,31 @@ fn every_corpus_log_is_in_the_manifest() {
         );
     }
 }
+
+/// The lines users paste (product brief, "S6: lines users paste"), each alone: explain names the
+/// rule whose fix applies.
+#[test]
+fn product_brief_lines_are_recognised() {
+    let lines = [
+        (
+            "jaxlib.xla_extension.XlaRuntimeError: INTERNAL: Custom call 'xla.gpu.custom_call' failed: gpuGetLastError(): out of memory",
+            "jax-outside-pool-oom",
+        ),
+        ("RuntimeError: RESOURCE_EXHAUSTED: Out of memory", "jax-oom"),
+        ("RuntimeError: Failed to allocate memory", "jax-oom"),
+        ("torch.OutOfMemoryError: CUDA out of memory", "torch-oom"),
+        (
+            "resource_tracker: There appear to be 4 leaked semaphore objects to clean up at shutdown",
+            "leaked-semaphores",
+        ),
+        (
+            "RuntimeError: CUDA error: an illegal memory access was encountered",
+            "cuda-illegal-address",
+        ),
+    ];
+    for (line, rule) in lines {
+        let report = KnowledgeBase::builtin().explain_text("s6", line);
+        let first = report.findings.first().map(|f| f.rule.as_str());
+        assert_eq!(first, Some(rule), "{line}");
+    }
+}
