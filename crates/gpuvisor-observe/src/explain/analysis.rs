@@ -43,7 +43,16 @@ fn torch_oom(figures: &BTreeMap<String, u64>) -> Analysis {
     let total = get("total_capacity");
     let free = get("free");
     let process_in_use = get("process_in_use");
-    let others = get("other_processes").unwrap_or(0);
+    // Old messages do not say what this process holds: what PyTorch reserved is a lower bound.
+    let held =
+        process_in_use.unwrap_or(allocated.saturating_add(reserved_unallocated.unwrap_or(0)));
+    // Other processes: as listed, else what neither this process nor the free memory accounts for.
+    let others = get("other_processes").unwrap_or_else(|| match (total, free) {
+        (Some(total), Some(free)) if process_in_use.is_none() => {
+            total.saturating_sub(free.saturating_add(held))
+        }
+        _ => 0,
+    });
 
     let mut facts = vec![format!(
         "asked for {}; PyTorch had {} allocated",
@@ -72,7 +81,11 @@ fn torch_oom(figures: &BTreeMap<String, u64>) -> Analysis {
     let outside_torch = process_in_use.map(|in_use| {
         in_use.saturating_sub(allocated.saturating_add(reserved_unallocated.unwrap_or(0)))
     });
-    let (variant, implication) = if reserved_unallocated.is_some_and(|u| u >= tried) {
+    // The GPU is (nearly) full, this process holds under half of it and others over a quarter:
+    // whatever this process's allocator does, the GPU is shared.
+    let shared = matches!((total, free), (Some(total), Some(free))
+        if free < tried.max(total / 20) && held < total / 2 && others > total / 4);
+    let (variant, implication) = if !shared && reserved_unallocated.is_some_and(|u| u >= tried) {
         (
             "fragmentation",
             format!(
@@ -80,7 +93,8 @@ fn torch_oom(figures: &BTreeMap<String, u64>) -> Analysis {
                 size(reserved_unallocated.unwrap_or(0))
             ),
         )
-    } else if total.is_some_and(|total| others > total / 4)
+    } else if shared
+        || total.is_some_and(|total| others > total / 4)
         || matches!((process_in_use, total, free), (Some(in_use), Some(total), Some(free)) if in_use < total / 2 && free < tried)
     {
         (
@@ -180,6 +194,23 @@ mod tests {
             ]),
         );
         assert_eq!(analysis.variant, Some("fragmentation"));
+    }
+
+    #[test]
+    fn torch_old_format_other_processes_follow_from_total_free_and_reserved() {
+        // pytorch-CycleGAN-and-pix2pix #962: 10.76 GiB total, 2.42 allocated, 26 MiB free,
+        // 2.75 reserved: about 8 GiB belong to other processes, not to fragmentation.
+        let analysis = analyse(
+            "torch-oom",
+            &figures(&[
+                ("tried", 0.02),
+                ("allocated", 2.42),
+                ("reserved_total", 2.75),
+                ("total_capacity", 10.76),
+                ("free", 0.025),
+            ]),
+        );
+        assert_eq!(analysis.variant, Some("other-processes"));
     }
 
     #[test]
