@@ -204,7 +204,7 @@ fn batch_lines(batches: &BTreeMap<(u32, bool), Tally>) -> String {
 /// Each unseen batch's first score: measured when it arrived, before any rule changed for it
 /// (docs/explain.md, "Rates on real logs"). Batches 1-3 came before the manifest kept batch
 /// numbers. (batch, failure logs, detected, right fix.)
-const FIRST_SCORES: [(u32, u32, u32, u32); 7] = [
+const FIRST_SCORES: [(u32, u32, u32, u32); 8] = [
     (1, 72, 49, 43),
     (2, 17, 7, 7),
     (3, 15, 12, 12),
@@ -212,6 +212,7 @@ const FIRST_SCORES: [(u32, u32, u32, u32); 7] = [
     (5, 12, 11, 11),
     (6, 33, 25, 25),
     (7, 46, 30, 24),
+    (8, 46, 22, 17),
 ];
 
 /// The first scores, one line per batch and their sum: the honest figure for unseen logs.
@@ -355,12 +356,12 @@ fn rates_on_real_logs() {
             min * 100.0
         );
     };
-    // Lowered when batch 7 arrived (its misses are counted, no rule changed for it): 218/228,
-    // 214/228 tuning, 59/74, 56/74 held out.
-    floor("tuning: detected", tune.detected, tune.logs, 0.95);
-    floor("tuning: right fix", tune.right, tune.logs, 0.93);
-    floor("held out: detected", held.detected, held.logs, 0.79);
-    floor("held out: right fix", held.right, held.logs, 0.75);
+    // Lowered when batch 8 arrived (its misses are counted, no rule changed for it): 236/264,
+    // 227/264 tuning, 63/84, 60/84 held out.
+    floor("tuning: detected", tune.detected, tune.logs, 0.89);
+    floor("tuning: right fix", tune.right, tune.logs, 0.85);
+    floor("held out: detected", held.detected, held.logs, 0.74);
+    floor("held out: right fix", held.right, held.logs, 0.71);
     assert_eq!(
         tune_h.false_alarms + held_h.false_alarms,
         0,
