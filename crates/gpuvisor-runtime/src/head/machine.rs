@@ -1,13 +1,11 @@
 //! The head of a multi-node run while one round of agents runs, as plain data: what it makes
 //! of each agent's message, of `gpuvisor stop`, of a signal and of time passing. The caller
-//! (the binary's head loop) owns the sockets, the record and srun; it feeds [`Round::step`]
-//! with `now` and one [`Input`] and performs the [`Action`]s it returns, so node loss, node
-//! timeouts and the Ctrl-C escalation are tested with a made-up clock; [`after_round`] is the
-//! `on_node_failure` policy between rounds.
+//! ([`super::round`], the head's I/O) owns the sockets, the record and srun; it feeds
+//! [`Round::step`] with `now` and one [`Input`] and performs the [`Action`]s it returns, so
+//! node loss, node timeouts and the Ctrl-C escalation are tested with a made-up clock;
+//! [`after_round`] is the `on_node_failure` policy between rounds.
 //!
 //! It must not do I/O: no sockets, files, signals nor clock reads of its own.
-
-pub mod merge;
 
 use std::time::{Duration, Instant};
 
@@ -21,7 +19,7 @@ use gpuvisor_supervisor::sample::Snapshot;
 use gpuvisor_supervisor::supervisor::SummaryRow;
 use nix::sys::signal::Signal;
 
-use merge::{merge_samples, with_node, Gates};
+use super::merge::{merge_samples, with_node, Gates};
 
 /// A gap this long between two steps (the caller steps at least every 500 ms) means the head
 /// itself was not running.
