@@ -30,4 +30,4 @@ pub use app::{handle_key, Action, Key, Overlay, SortKey, TopApp};
 pub use machine::MachineSource;
 pub use model::{EventLine, GpuView, LogLine, ProcessRow, Segment, TopModel};
 pub use render::{render, render_to_text};
-pub use source::{GpuProbe, GpuSample, RunSource, TopSource};
+pub use source::{GpuSample, RunSource, TopSource};
