@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::time::SystemTime;
 
 use super::app::Action;
-use super::model::{EventLine, GpuView, ProcessRow, Segment, TopModel};
+use super::model::{EventLine, GpuView, ProcessRow, Segment, Tone, TopModel};
 use super::procfs::ProcStats;
 use gpuvisor_probe::GpuSource;
 
@@ -104,6 +104,7 @@ impl TopSource for MachineSource {
                 self.events.push(EventLine {
                     time: clock.clone(),
                     kind: "start".to_string(),
+                    tone: Tone::Good,
                     text: format!("{} pid {pid} holds GPU memory", row.name),
                 });
             }
@@ -118,6 +119,7 @@ impl TopSource for MachineSource {
             self.events.push(EventLine {
                 time: clock.clone(),
                 kind: "exit".to_string(),
+                tone: Tone::Bad,
                 text: format!("{name} pid {pid} released the GPU"),
             });
         }
