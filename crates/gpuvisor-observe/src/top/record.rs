@@ -97,16 +97,11 @@ pub fn parse_plan(text: &str) -> Result<PlanInfo, serde_json::Error> {
     })
 }
 
-/// `actor[2]`, or `learner` for a process with one replica (the supervisor's labels).
-pub fn replica_label(process: &str, replica: u32, replicas: u32) -> String {
-    label::format(process, replica, replicas)
-}
-
-/// The log file of a replica, relative to the run directory (the supervisor's names).
+/// The log file of a replica, relative to the run directory (the record's names).
 pub fn log_path(process: &str, replica: u32, replicas: u32) -> String {
     format!(
         "logs/{}",
-        label::log_file(&replica_label(process, replica, replicas))
+        label::log_file(&label::format(process, replica, replicas))
     )
 }
 
