@@ -117,7 +117,7 @@ impl RunSource {
 
     /// The tail of the event log, parsed again only when the file has grown or changed.
     fn events(&mut self) -> Vec<Value> {
-        let path = self.run.join("events.jsonl");
+        let path = gpuvisor_record::RunDir::at(&self.run).events_path();
         let stamp = std::fs::metadata(&path)
             .ok()
             .map(|meta| (meta.len(), meta.modified().ok()));
@@ -134,7 +134,7 @@ impl RunSource {
 
     fn plan(&mut self) -> Result<&PlanInfo, String> {
         if self.plan.is_none() {
-            let path = self.run.join("plan.json");
+            let path = gpuvisor_record::RunDir::at(&self.run).plan_path();
             let text = std::fs::read_to_string(&path)
                 .map_err(|error| format!("cannot read {}: {error}", path.display()))?;
             let plan = parse_plan(&text)

@@ -48,22 +48,15 @@ impl Context<'_> {
         inputs: &Receiver<Input>,
     ) -> Result<(), Halt> {
         // Plans.
+        let record = gpuvisor_record::RunDir::at(self.run_path);
         for (index, agent) in agents.iter_mut().enumerate() {
-            let suffix = if round == 0 {
-                String::new()
-            } else {
-                format!(".{round}")
-            };
             agent.sender.send(&HeadMsg::Assign {
                 job_path: self.job_path.to_path_buf(),
                 job_source: self.job_source.to_string(),
                 nodes: self.nodes.to_vec(),
                 index,
-                record: self
-                    .run_path
-                    .join("nodes")
-                    .join(format!("{}{suffix}", agent.node)),
-                logs: self.run_path.join("logs"),
+                record: record.node_path(&agent.node, round),
+                logs: record.logs_path(),
                 simulate: self.options.simulate.clone(),
                 quiet: self.options.quiet,
             })?;

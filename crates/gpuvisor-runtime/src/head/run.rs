@@ -244,7 +244,8 @@ pub fn run(
         plan_written: false,
         plans: Vec::new(),
         round: 0,
-        sample_writer: SampleWriter::create(&run_path.join("samples")).ok(),
+        sample_writer: SampleWriter::create(&gpuvisor_record::RunDir::at(&run_path).samples_path())
+            .ok(),
         latest: latest.clone(),
         console,
         viewed,
@@ -265,7 +266,7 @@ pub fn run(
             let log = std::fs::OpenOptions::new()
                 .create(true)
                 .append(true)
-                .open(run_path.join("srun.log"))?;
+                .open(gpuvisor_record::RunDir::at(&run_path).srun_log_path())?;
             command.stdout(log.try_clone()?).stderr(log);
         }
         let mut srun = match command.spawn() {
