@@ -20,7 +20,7 @@ mod head;
 mod tui;
 
 use crate::cli::{AgentArgs, KeeperArgs, RunArgs};
-use crate::failure::Failure;
+use crate::failure::{hinted, Failure};
 use crate::inventory::load_inventory;
 use crate::shim;
 use crate::table::Table;
@@ -228,12 +228,16 @@ pub fn parse_metrics_address(text: &str) -> Result<std::net::SocketAddr, String>
     let address = match text.parse::<u16>() {
         Ok(port) => std::net::SocketAddr::from(([127, 0, 0, 1], port)),
         Err(_) => text.parse().map_err(|_| {
-            format!("`{text}` is not PORT or HOST:PORT\n  hint: --metrics 9400 serves on 127.0.0.1:9400")
+            hinted(
+                format!("`{text}` is not PORT or HOST:PORT"),
+                "--metrics 9400 serves on 127.0.0.1:9400",
+            )
         })?,
     };
     if !address.ip().is_loopback() {
-        return Err(format!(
-            "{address} is not a loopback address\n  hint: use 127.0.0.1:PORT (or just PORT); the metrics name your processes and are not authenticated"
+        return Err(hinted(
+            format!("{address} is not a loopback address"),
+            "use 127.0.0.1:PORT (or just PORT); the metrics name your processes and are not authenticated",
         ));
     }
     Ok(address)

@@ -51,8 +51,9 @@ pub fn run(args: TopArgs) -> Result<ExitCode, Failure> {
     }
     if !std::io::stdout().is_terminal() {
         return Err(Failure::bad_input(
-            "standard output is not a terminal, so there is nothing to draw the live view on\n  hint: `gpuvisor top --once` prints one frame as text",
-        ));
+            "standard output is not a terminal, so there is nothing to draw the live view on",
+        )
+        .with_hint("`gpuvisor top --once` prints one frame as text"));
     }
     let options = LoopOptions {
         interval: Duration::from_millis(args.interval_ms.max(50)),
@@ -69,8 +70,9 @@ pub fn run(args: TopArgs) -> Result<ExitCode, Failure> {
 fn resolve_run(run: &str) -> Result<PathBuf, Failure> {
     gpuvisor_record::resolve_run(Some(Path::new(run)), Path::new(RUNS_DIR)).map_err(|_| {
             Failure::bad_input(format!(
-                "{run} is not a run directory (neither it nor ./{RUNS_DIR}/{run} has events.jsonl)\n  hint: give the directory `gpuvisor run` printed, e.g. {RUNS_DIR}/<job>-<time>; without RUN, top shows every GPU process of this machine"
+                "{run} is not a run directory (neither it nor ./{RUNS_DIR}/{run} has events.jsonl)"
             ))
+            .with_hint(format!("give the directory `gpuvisor run` printed, e.g. {RUNS_DIR}/<job>-<time>; without RUN, top shows every GPU process of this machine"))
         })
 }
 
