@@ -2,9 +2,9 @@
 //! the exit summary's figures.
 //!
 //! - [`run`](run()) is the whole head: sockets, srun, the run's record, the start-up
-//!   ([`preflight`]: agents connect, plan, probe every coordinator) and each running round's
-//!   I/O ([`round`]: record, control requests, the agents' connections);
-//! - [`machine`] is what the head decides while a round runs (lost and failed nodes,
+//!   (`preflight.rs`: agents connect, plan, probe every coordinator) and each running round's
+//!   I/O (`round.rs`: record, control requests, the agents' connections);
+//! - `machine.rs` is what the head decides while a round runs (lost and failed nodes,
 //!   timeouts, the Ctrl-C escalation, gates for `after`), as a state machine
 //!   ([`Round::step`]) that does no I/O and is tested with a made-up clock; [`after_round`]
 //!   is the `on_node_failure` policy between rounds;
