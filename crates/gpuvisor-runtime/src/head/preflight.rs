@@ -118,7 +118,7 @@ impl Context<'_> {
             let json = serde_json::to_string_pretty(&merged)
                 .map_err(|error| unavailable(error.to_string()))?;
             // Owner-only, as every plan.json (the record's writer).
-            gpuvisor_record::RunDir::at(self.run_path).write_plan(&json)?;
+            record.write_plan(&json)?;
             self.plan_written = true;
         }
         self.plans = plans;
