@@ -353,7 +353,7 @@ pub struct RunArgs {
     pub quiet: bool,
     /// Serve OpenMetrics / Prometheus metrics at http://ADDR/metrics: `PORT` (on 127.0.0.1)
     /// or a loopback `HOST:PORT`.
-    #[arg(long, value_name = "ADDR", value_parser = crate::commands::run::gpu_source::parse_metrics_address)]
+    #[arg(long, value_name = "ADDR", value_parser = crate::commands::run::parse_metrics_address)]
     pub metrics: Option<std::net::SocketAddr>,
     /// Show the job's live view (`gpuvisor top`) instead of its output; `q` or Ctrl-C stops
     /// the job.

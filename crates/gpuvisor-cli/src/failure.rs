@@ -49,10 +49,9 @@ impl Failure {
     }
 }
 
-/// `message` with the line `  hint: HINT` after it.
-pub fn hinted(message: impl Display, hint: impl Display) -> String {
-    format!("{message}\n  hint: {hint}")
-}
+/// `message` with the line `  hint: HINT` after it (the libraries' one builder, so a failure
+/// the runtime words and one the binary words end alike).
+pub use gpuvisor_runtime::hint_line as hinted;
 
 impl From<gpuvisor_runtime::RuntimeError> for Failure {
     fn from(error: gpuvisor_runtime::RuntimeError) -> Self {

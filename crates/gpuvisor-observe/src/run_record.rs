@@ -104,7 +104,8 @@ pub struct RunRecord {
 impl RunRecord {
     /// Reads `dir/plan.json`, `dir/events.jsonl` and (if present) `dir/samples/`.
     pub fn load(dir: &Path) -> Result<RunRecord, RunRecordError> {
-        let plan_path = dir.join("plan.json");
+        let run = gpuvisor_record::RunDir::at(dir);
+        let plan_path = run.plan_path();
         let text =
             std::fs::read_to_string(&plan_path).map_err(|source| RunRecordError::Unreadable {
                 path: plan_path.clone(),
@@ -114,7 +115,7 @@ impl RunRecord {
             path: plan_path.clone(),
             reason: error.to_string(),
         })?;
-        let events_path = dir.join("events.jsonl");
+        let events_path = run.events_path();
         let read = read_record(&events_path).map_err(|source| RunRecordError::Unreadable {
             path: events_path,
             source,
@@ -126,7 +127,7 @@ impl RunRecord {
             .filter_map(RunEvent::from_fields)
             .collect();
         // Samples are optional: an older run, or one stopped before the first tick, has none.
-        let samples = read_samples(&dir.join("samples"))
+        let samples = read_samples(&run.samples_path())
             .ok()
             .filter(|(_, records)| !records.is_empty())
             .map(|(header, records)| RunSamples { header, records });

@@ -92,12 +92,32 @@ pub struct GpuReading {
     pub processes: Vec<GpuProcessReading>,
 }
 
-/// A source of GPU figures; `read` is called once per sampler tick (one query per device).
+/// A source of GPU figures, for every reader that polls: the supervisor's sampler calls
+/// `read` once per tick (one query per device), `top` calls `try_read` once per frame.
 pub trait GpuSource: Send {
     /// `nvml`, `simulator`, ...
     fn name(&self) -> &'static str;
-    /// The figures now.
+    /// The figures now (empty when the source could not read them).
     fn read(&mut self) -> GpuReading;
+    /// The figures now, or why the source could not read them (a viewer shows why; the
+    /// sampler takes `read`'s empty reading and tries again next tick).
+    fn try_read(&mut self) -> Result<GpuReading, String> {
+        Ok(self.read())
+    }
+}
+
+/// The same reading every time: a simulated machine's GPUs as its `--simulate` spec
+/// describes them (`top --simulate` without a run: nothing runs on them to change it).
+#[derive(Debug, Clone, Default)]
+pub struct FixedReading(pub GpuReading);
+
+impl GpuSource for FixedReading {
+    fn name(&self) -> &'static str {
+        "inventory"
+    }
+    fn read(&mut self) -> GpuReading {
+        self.0.clone()
+    }
 }
 
 /// No GPU figures (no NVML, no simulator).

@@ -6,6 +6,8 @@
 //!   the simulator's state file as a source ([`gpu_source::SimSource`]);
 //! - [`nvml`] is the one NVML adapter ([`NvmlGpus`]: one handle, opened once per reader) that
 //!   `gpus`, `plan`, the sampler, `top` and `doctor` read through;
+//! - [`sampler_source`] is the choice of a run's source (NVML, the simulator's NVML stand-in,
+//!   its state file), made once per run for the supervisor's sampler;
 //! - [`inventory`] converts a reading to and from the planner's [`Inventory`] model;
 //! - [`procfs`] is the one /proc reader (stat, status, children, cmdline, environ, maps) of the
 //!   supervisor, `exec` and `top`.
@@ -20,6 +22,7 @@ pub mod gpu_source;
 pub mod inventory;
 pub mod nvml;
 pub mod procfs;
+pub mod sampler_source;
 
 pub use gpu_source::{DeviceModes, DeviceReading, GpuProcessReading, GpuReading, GpuSource};
 pub use nvml::{NvmlGpus, NvmlUnavailable};

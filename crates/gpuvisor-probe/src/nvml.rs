@@ -1,6 +1,8 @@
 //! The one NVML adapter: [`NvmlGpus`] holds one NVML handle (the only place gpuvisor opens
-//! NVML) and reads it into a [`GpuReading`], either as a sampler tick (the [`GpuSource`]
-//! figures, one query per device) or as a full read (names, MIG and, for `doctor`, the modes).
+//! NVML) and reads it into a [`GpuReading`], either as a sampler tick (one query per device)
+//! or as a full read (names, MIG, the processes' command names and, for `doctor`, the modes).
+//! As a [`GpuSource`] it does the first for the sampler ([`NvmlGpus::for_sampling`]) and the
+//! second for `top` ([`NvmlGpus::for_viewing`]).
 //!
 //! NVML is loaded at run time (nvml-wrapper dlopens libnvidia-ml.so.1), so a binary using this
 //! starts on a machine with no driver and can say so. The simulator's stand-in library is
@@ -58,6 +60,9 @@ pub struct NvmlGpus {
     devices: Vec<(u32, String, String)>,
     /// Per device: the newest process-utilisation sample seen (NVML's µs clock).
     last_seen_us: Vec<u64>,
+    /// As a [`GpuSource`]: `None`, sampler ticks ([`NvmlGpus::for_sampling`]); else full reads
+    /// this deep ([`NvmlGpus::for_viewing`]).
+    full_reads: Option<ReadDepth>,
 }
 
 impl std::fmt::Debug for NvmlGpus {
@@ -90,12 +95,22 @@ impl NvmlGpus {
             name,
             devices: Vec::new(),
             last_seen_us: Vec::new(),
+            full_reads: None,
         }
+    }
+
+    /// Ready for a viewer (`top`): every read is a full read of what the inventory shows
+    /// (names, utilisation, the processes with their command names), and a failed read says
+    /// why ([`GpuSource::try_read`]).
+    pub fn for_viewing(mut self) -> NvmlGpus {
+        self.full_reads = Some(ReadDepth::Inventory);
+        self
     }
 
     /// Ready for sampler ticks: every device's identity read once. `None` when NVML cannot
     /// count its devices.
     pub fn for_sampling(mut self) -> Option<NvmlGpus> {
+        self.full_reads = None;
         let count = self.nvml.device_count().ok()?;
         self.devices = (0..count)
             .filter_map(|index| {
@@ -199,9 +214,25 @@ impl GpuSource for NvmlGpus {
         self.name
     }
 
+    /// A sampler tick, or for a viewer a full read (empty if it failed).
+    fn read(&mut self) -> GpuReading {
+        self.try_read().unwrap_or_default()
+    }
+
+    fn try_read(&mut self) -> Result<GpuReading, String> {
+        match self.full_reads {
+            Some(depth) => self
+                .read_full(depth)
+                .map_err(|error| format!("NVML read failed: {error}")),
+            None => Ok(self.tick()),
+        }
+    }
+}
+
+impl NvmlGpus {
     /// One sampler tick: per device memory, utilisation, running compute processes and, where
     /// the driver keeps them, per-process utilisation samples since the last tick.
-    fn read(&mut self) -> GpuReading {
+    fn tick(&mut self) -> GpuReading {
         let mut reading = GpuReading::default();
         for (slot, (index, uuid, name)) in self.devices.iter().enumerate() {
             let Ok(device) = self.nvml.device_by_index(*index) else {

@@ -8,6 +8,8 @@
 //!   control.sock     the control socket while the supervisor runs (0600)
 //!   supervisor.pid   the supervisor's pid (its claim on the directory)
 //!   logs/<name>[.<replica>].log   each replica's stdout and stderr, timestamped
+//!   nodes/<node>[.<round>]/       a multi-node run: each node's own record, per round
+//!   srun.log         a multi-node run under `--tui`: srun's own messages
 //! ```
 //!
 //! Creating and claiming a directory (modes, the exclusive claim) is the supervisor's; this
@@ -79,6 +81,21 @@ impl RunDir {
         self.logs.clone()
     }
 
+    /// `nodes/NODE` (round 0), `nodes/NODE.ROUND` after a restart: a multi-node run's record
+    /// of one node, written by its agent.
+    pub fn node_path(&self, node: &str, round: u32) -> PathBuf {
+        let name = match round {
+            0 => node.to_string(),
+            round => format!("{node}.{round}"),
+        };
+        self.path.join("nodes").join(name)
+    }
+
+    /// `srun.log`: srun's own messages while a live view owns the terminal.
+    pub fn srun_log_path(&self) -> PathBuf {
+        self.path.join("srun.log")
+    }
+
     /// Writes `plan.json`, owner-only, once (an existing plan is an error).
     pub fn write_plan(&self, json: &str) -> io::Result<()> {
         let mut file = OpenOptions::new()
@@ -139,6 +156,14 @@ pub fn resolve_run(given: Option<&Path>, runs: &Path) -> Result<PathBuf, RunNotF
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_nodes_record_is_named_by_its_round_after_the_first() {
+        let run = RunDir::at(Path::new("/r"));
+        assert_eq!(run.node_path("n1", 0), Path::new("/r/nodes/n1"));
+        assert_eq!(run.node_path("n1", 2), Path::new("/r/nodes/n1.2"));
+        assert_eq!(run.srun_log_path(), Path::new("/r/srun.log"));
+    }
 
     #[test]
     fn a_run_is_found_by_path_by_name_and_as_the_latest() {

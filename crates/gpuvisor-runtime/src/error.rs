@@ -55,8 +55,13 @@ impl RuntimeError {
     /// for an agent, whose head says it for the node.
     pub fn with_hint_line(&self) -> String {
         match self.hint() {
-            Some(hint) => format!("{self}\n  hint: {hint}"),
+            Some(hint) => hint_line(self, hint),
             None => self.to_string(),
         }
     }
+}
+
+/// `what` with the line `  hint: HINT` after it: how every failure the user reads ends.
+pub fn hint_line(what: impl std::fmt::Display, hint: impl std::fmt::Display) -> String {
+    format!("{what}\n  hint: {hint}")
 }

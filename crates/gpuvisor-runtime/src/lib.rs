@@ -18,19 +18,23 @@
 //!   processes load or trust;
 //! - [`slurm`] is what a run needs of Slurm (the allocation, the head's address, the srun
 //!   that starts one agent per node);
-//! - [`head`] is the multi-node head's round as a state machine (`Round::step(now, input)`),
-//!   with [`head::merge`], what it makes of the nodes' messages; [`agent`] is a node's side of
-//!   a multi-node run (`gpuvisor __agent`), given what is the binary's ([`agent::NodeSupport`]);
+//! - [`head`] is the multi-node head ([`head::run`]: srun, the agents, the preflight, the
+//!   merged record and control socket), its decisions while a round runs as a state machine
+//!   (`Round::step(now, input)`) and [`head::merge`], what it makes of the nodes' messages;
+//!   [`agent`] is a node's side of a multi-node run (`gpuvisor __agent`); both are given what
+//!   is the binary's ([`head::Console`], [`agent::NodeSupport`]);
 //! - [`sampling`] is what the run's sampler gets besides the ledger: the GPU source the binary
-//!   chose, and each replica's watch policies.
+//!   opened (gpuvisor-probe's `sampler_source`), each replica's watch policies, and the
+//!   `--metrics` listener.
 //!
 //! It plans nothing (`gpuvisor-core` does), and it never prints to the terminal nor parses
 //! arguments: that is the binary's, and it must not depend on the binary or clap, nor open
 //! NVML (the GPUs it is given are an `Inventory`; of gpuvisor-probe it uses the `GpuSource`
-//! trait, whose source the binary opens and chooses, and the /proc reader). The libraries
-//! every replica loads (the shim, the simulator) are embedded in the binary, which passes
-//! their paths in. What must reach the user comes back as values (events, [`RuntimeError`])
-//! or through a console callback the caller gives.
+//! trait, whose source the binary opens through gpuvisor-probe's `sampler_source`, and the
+//! /proc reader). The libraries every replica loads (the shim, the simulator) are embedded
+//! in the binary, which passes their paths in. What must reach the user comes back as values
+//! (events, [`RuntimeError`], the head's [`head::Outcome`]) or through a console the caller
+//! gives.
 
 pub mod agent;
 pub mod book;
@@ -47,7 +51,7 @@ pub mod safe_path;
 pub mod sampling;
 pub mod slurm;
 
-pub use error::RuntimeError;
+pub use error::{hint_line, RuntimeError};
 
 /// The agents' secret (a multi-node run's): set for the agent alone, and removed from every
 /// replica's environment.

@@ -148,6 +148,29 @@ pub fn create_private_dir(dir: &Path) -> Result<PathBuf, UnsafePath> {
     check_dir(dir, false)
 }
 
+/// The run directory, made owner-only and checked from `/` down, by its canonical path: the
+/// supervisor (often root) writes its record and control socket there, and another user who
+/// could change a directory on the way could redirect or replace them.
+pub fn private_run_dir(path: &Path) -> Result<PathBuf, crate::RuntimeError> {
+    create_private_dir(path).map_err(|error| match error {
+        UnsafePath::Unsafe { component, why } => crate::RuntimeError::Refused {
+            what: format!(
+                "refusing the run directory {}: {} {why}",
+                path.display(),
+                component.display()
+            ),
+            hint: Some("give --run-dir a place only you and root can change".to_string()),
+        },
+        UnsafePath::Io { error, .. } => crate::RuntimeError::Unavailable {
+            what: format!(
+                "cannot create the run directory {}: {error}",
+                path.display()
+            ),
+            hint: Some("choose a writable place with --run-dir DIR".to_string()),
+        },
+    })
+}
+
 /// A fresh 16-hex-digit string nobody else can predict (the std hasher's keys are seeded from
 /// the OS's random source).
 pub fn random_hex() -> String {

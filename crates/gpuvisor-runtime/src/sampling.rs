@@ -1,8 +1,12 @@
 //! What a run's sampler is given besides the ledger: the GPU source, handed over beside the
 //! run's hooks ([`WithSource`]), and each replica's watch policies and physical alarms from
-//! the job file ([`watch_config`]). Which source a run samples (NVML, the simulator's NVML
-//! stand-in, its state file) is chosen by the binary, which owns NVML (see the crate doc).
+//! the job file ([`watch_config`]), and the `--metrics` listener its figures are served on
+//! ([`bind_metrics`]). Which source a run samples (NVML, the simulator's NVML stand-in, its
+//! state file) is gpuvisor-probe's choice (`sampler_source`), which the binary makes for it
+//! (see the crate doc).
 
+use std::net::{SocketAddr, TcpListener};
+use std::sync::Arc;
 use std::time::Duration;
 
 use gpuvisor_core::plan::admit::Seat;
@@ -13,6 +17,8 @@ use gpuvisor_supervisor::events::Event;
 use gpuvisor_supervisor::physical_watch::{default_untracked_alarm, PhysicalConfig, ReplicaLimits};
 use gpuvisor_supervisor::supervisor::{EnvChanges, GpuSample, Hooks};
 use gpuvisor_supervisor::watch::{ReplicaPolicy, WatchConfig};
+
+use crate::RuntimeError;
 
 /// The run's hooks (ledger, environment) plus the GPU source handed to the sampler.
 pub struct WithSource<H> {
@@ -89,4 +95,23 @@ pub fn watch_config(job: &JobSpec, plan: &Plan) -> WatchConfig {
             reserves,
         },
     }
+}
+
+/// Listens on `--metrics ADDR` before anything is created, so a port in use is bad input that
+/// leaves nothing behind.
+pub fn bind_metrics(address: SocketAddr) -> Result<Arc<TcpListener>, RuntimeError> {
+    let listener = gpuvisor_supervisor::metrics::bind(address, false).map_err(|error| {
+        let port = address.port();
+        let hint = match error.kind() {
+            std::io::ErrorKind::AddrInUse => format!(
+                "another program listens on port {port} (`ss -ltnp 'sport = :{port}'` shows which); pick a free port, or --metrics 0 for any (the `metrics` event in events.jsonl names it)"
+            ),
+            _ => "use a loopback address of this machine, e.g. --metrics 9400".to_string(),
+        };
+        RuntimeError::Refused {
+            what: format!("cannot serve --metrics on {address}: {error}"),
+            hint: Some(hint),
+        }
+    })?;
+    Ok(Arc::new(listener))
 }

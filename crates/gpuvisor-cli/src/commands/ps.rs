@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use gpuvisor_core::size::ByteSize;
-use gpuvisor_record::RunNotFound;
+use gpuvisor_record::{RunDir, RunNotFound};
 use gpuvisor_supervisor::clock::human_duration;
 use gpuvisor_supervisor::control::{request, PsRow, Request};
 use gpuvisor_supervisor::record::ps_from_record;
@@ -23,10 +23,11 @@ pub fn ps(args: PsArgs) -> Result<ExitCode, Failure> {
     let (rows, live) = match request(&socket_path(&run), &Request::Ps) {
         Ok(reply) => (rows_of(reply)?, true),
         Err(_) => {
-            let (mut rows, note) = ps_from_record(&run.join("events.jsonl")).map_err(|error| {
+            let events = RunDir::at(&run).events_path();
+            let (mut rows, note) = ps_from_record(&events).map_err(|error| {
                 Failure::unavailable(format!(
                     "cannot read the run record {}: {error}",
-                    run.join("events.jsonl").display()
+                    events.display()
                 ))
             })?;
             add_budgets(&run, &mut rows);
@@ -215,7 +216,7 @@ fn replicas_said(reply: Option<&Value>, process: Option<&str>) -> String {
 
 /// The status in the run's `job-end` event, once written.
 fn job_end_status(run: &Path) -> Option<i64> {
-    let record = gpuvisor_record::read_record(&run.join("events.jsonl")).ok()?;
+    let record = gpuvisor_record::read_record(&RunDir::at(run).events_path()).ok()?;
     record
         .typed()
         .iter()
@@ -255,7 +256,7 @@ pub fn restart(args: RestartArgs) -> Result<ExitCode, Failure> {
 /// Budgets from the run's plan.json (the record's events do not repeat them), and the rows in
 /// the plan's order.
 fn add_budgets(run: &Path, rows: &mut [PsRow]) {
-    let Ok(text) = std::fs::read_to_string(run.join("plan.json")) else {
+    let Ok(text) = std::fs::read_to_string(RunDir::at(run).plan_path()) else {
         return;
     };
     let Ok(plan) = gpuvisor_record::PlanRecord::parse(&text) else {
@@ -285,7 +286,10 @@ fn is_run_dir(text: &str) -> bool {
 /// Whether `run` (or its `events.jsonl`) exists but this user may not look inside.
 fn is_unreadable(run: &Path) -> bool {
     let denied = |error: std::io::Error| error.kind() == std::io::ErrorKind::PermissionDenied;
-    run.join("events.jsonl").try_exists().is_err_and(denied)
+    RunDir::at(run)
+        .events_path()
+        .try_exists()
+        .is_err_and(denied)
         || std::fs::read_dir(run).is_err_and(denied)
 }
 

@@ -4,7 +4,7 @@
 //! hidden `__keeper` that stands between `run` and each replica (see
 //! gpuvisor_supervisor::keeper).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::ExitCode;
 
 use gpuvisor_core::inventory::{Inventory, InventorySource};
@@ -16,22 +16,22 @@ use gpuvisor_supervisor::supervisor::{supervise, Options, Outcome, Readiness};
 use regex::bytes::Regex;
 
 mod detach;
-pub(crate) mod gpu_source;
 mod head;
 mod tui;
 
 use crate::cli::{AgentArgs, KeeperArgs, RunArgs};
-use crate::failure::Failure;
+use crate::failure::{hinted, Failure};
 use crate::inventory::load_inventory;
 use crate::shim;
 use crate::table::Table;
+use gpuvisor_probe::sampler_source::sampler_source;
 use gpuvisor_runtime::enforce as ledger;
 use gpuvisor_runtime::launch::RunEnv;
 use gpuvisor_runtime::replicas::{
     check_exec_size, give_environment, local_coordinators, replica_specs, spare_groups,
 };
-use gpuvisor_runtime::safe_path::{self, UnsafePath};
-use gpuvisor_runtime::sampling::{watch_config, WithSource};
+use gpuvisor_runtime::safe_path;
+use gpuvisor_runtime::sampling::{bind_metrics, watch_config, WithSource};
 use gpuvisor_runtime::{agent, book, prestart, slurm};
 
 /// Runs the keeper (never returns).
@@ -53,7 +53,7 @@ pub fn agent(args: AgentArgs) -> Result<ExitCode, Failure> {
     let support = agent::NodeSupport {
         inventory: &|job, simulate| job_inventory(job, simulate).map_err(into_runtime),
         install: &install,
-        gpu_source: &|state, sim_dir, inventory| gpu_source::gpu_source(state, sim_dir, inventory),
+        gpu_source: &|state, sim_dir, inventory| sampler_source(state, sim_dir, inventory),
         console: |line| eprintln!("{line}"),
         keeper: vec![std::env::current_exe()?.into(), "__keeper".into()],
     };
@@ -124,14 +124,16 @@ pub fn run(args: RunArgs) -> Result<ExitCode, Failure> {
         return Err(Failure::bad_input(problems));
     }
     check_exec_size(&job, &replicas)?;
-    let metrics = args.metrics.map(gpu_source::bind_metrics).transpose()?;
+    let metrics = args.metrics.map(bind_metrics).transpose()?;
     // The shim (and with --simulate the stand-in driver) are written out before anything
     // starts, so a failure here starts nothing.
     let libraries = match (plan.enforcement, args.inventory.simulate.is_some()) {
         (Enforcement::Framework, false) => None,
         (_, with_simulator) => Some(shim::install(with_simulator)?),
     };
-    let run_dir_path = safe_run_dir(&run_dir_path)?;
+    // Owner-only and checked from `/` down: the supervisor (often root) writes its record and
+    // control socket there.
+    let run_dir_path = safe_path::private_run_dir(&run_dir_path)?;
     let run_dir = RunDir::create(&run_dir_path).map_err(|error| match error {
         RunDirError::InUse { .. } => Failure::bad_input(error),
         RunDirError::Unwritable { .. } => Failure::unavailable(error),
@@ -184,7 +186,7 @@ pub fn run(args: RunArgs) -> Result<ExitCode, Failure> {
     }
     let mut hooks = WithSource {
         inner: ledger_hooks,
-        source: Some(gpu_source::gpu_source(sim_state, sim_dir, &inventory)),
+        source: Some(sampler_source(sim_state, sim_dir, &inventory)),
     };
     let view = match args.tui {
         true => Some(tui::Tui::start(
@@ -220,23 +222,25 @@ pub(crate) fn say_warnings(job: &JobSpec) {
     let _ = std::io::Write::write_all(&mut std::io::stderr(), text.as_bytes());
 }
 
-/// The run directory, made owner-only and checked from `/` down, by its canonical path: the
-/// supervisor (often root) writes its record and control socket there, and another user who
-/// could change a directory on the way could redirect or replace them.
-pub(crate) fn safe_run_dir(path: &Path) -> Result<PathBuf, Failure> {
-    safe_path::create_private_dir(path).map_err(|error| match error {
-        UnsafePath::Unsafe { component, why } => Failure::bad_input(format!(
-            "refusing the run directory {}: {} {why}",
-            path.display(),
-            component.display()
-        ))
-        .with_hint("give --run-dir a place only you and root can change"),
-        UnsafePath::Io { error, .. } => Failure::unavailable(format!(
-            "cannot create the run directory {}: {error}",
-            path.display()
-        ))
-        .with_hint("choose a writable place with --run-dir DIR"),
-    })
+/// `--metrics ADDR`: `HOST:PORT`, or a bare `PORT` on 127.0.0.1; a loopback address only
+/// (checked with the arguments, before anything is created).
+pub fn parse_metrics_address(text: &str) -> Result<std::net::SocketAddr, String> {
+    let address = match text.parse::<u16>() {
+        Ok(port) => std::net::SocketAddr::from(([127, 0, 0, 1], port)),
+        Err(_) => text.parse().map_err(|_| {
+            hinted(
+                format!("`{text}` is not PORT or HOST:PORT"),
+                "--metrics 9400 serves on 127.0.0.1:9400",
+            )
+        })?,
+    };
+    if !address.ip().is_loopback() {
+        return Err(hinted(
+            format!("{address} is not a loopback address"),
+            "use 127.0.0.1:PORT (or just PORT); the metrics name your processes and are not authenticated",
+        ));
+    }
+    Ok(address)
 }
 
 /// The GPUs the job is planned on: simulated, or NVML's; a job of CPU-only processes needs

@@ -93,7 +93,8 @@ pub fn submit(args: SubmitArgs) -> Result<ExitCode, Failure> {
         );
         return Ok(ExitCode::SUCCESS);
     }
-    if run_dir.join("events.jsonl").exists() || run_dir.join("supervisor.pid").exists() {
+    let record = gpuvisor_record::RunDir::at(&run_dir);
+    if record.events_path().exists() || record.pid_path().exists() {
         return Err(Failure::bad_input(format!(
             "the run directory {} already holds a run",
             run_dir.display()

@@ -30,13 +30,9 @@ fn gpus_text(count: usize) -> String {
     }
 }
 
-/// `name` for a single-replica process, `name[3]` otherwise.
+/// `name` for a single-replica process, `name[3]` otherwise (the record's label).
 fn replica_label(process: &ProcessSpec, replica: u32) -> String {
-    if process.replicas > 1 {
-        format!("{}[{replica}]", process.name)
-    } else {
-        process.name.clone()
-    }
+    gpuvisor_record::label::format(&process.name, replica, process.replicas)
 }
 
 /// `actor[0..2]` (inclusive) for a run, `actor[0,2,4]` or `actor[0,2,..,98]` otherwise.

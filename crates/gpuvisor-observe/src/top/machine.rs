@@ -5,13 +5,15 @@ use std::collections::{BTreeMap, VecDeque};
 use std::time::SystemTime;
 
 use super::app::Action;
-use super::model::{EventLine, GpuView, ProcessRow, Segment, TopModel};
+use super::model::{EventLine, GpuView, ProcessRow, Segment, Tone, TopModel};
 use super::procfs::ProcStats;
-use super::source::{push_util, GpuProbe, TopSource, EVENTS_KEPT};
+use gpuvisor_probe::GpuSource;
 
-/// Every process holding GPU memory on this machine, refreshed from the probe each poll.
+use super::source::{push_util, read_samples, TopSource, EVENTS_KEPT};
+
+/// Every process holding GPU memory on this machine, read from its GPU source each poll.
 pub struct MachineSource {
-    probe: GpuProbe,
+    gpus: Box<dyn GpuSource>,
     note: String,
     procs: ProcStats,
     util: BTreeMap<u32, VecDeque<u8>>,
@@ -20,11 +22,11 @@ pub struct MachineSource {
 }
 
 impl MachineSource {
-    /// A source over `probe`; `note` says where its figures come from (`NVML`,
+    /// A source over `gpus`; `note` says where its figures come from (`NVML`,
     /// `simulated: 2x80GiB`).
-    pub fn new(probe: GpuProbe, note: String) -> Self {
+    pub fn new(gpus: Box<dyn GpuSource>, note: String) -> Self {
         Self {
-            probe,
+            gpus,
             note,
             procs: ProcStats::default(),
             util: BTreeMap::new(),
@@ -42,7 +44,7 @@ impl TopSource for MachineSource {
             log_title: "none: processes not started by gpuvisor run have no log here".to_string(),
             ..TopModel::default()
         };
-        let samples = match (self.probe)() {
+        let samples = match read_samples(self.gpus.as_mut()) {
             Ok(samples) => samples,
             Err(why) => {
                 model.warning = Some(why);
@@ -102,6 +104,7 @@ impl TopSource for MachineSource {
                 self.events.push(EventLine {
                     time: clock.clone(),
                     kind: "start".to_string(),
+                    tone: Tone::Good,
                     text: format!("{} pid {pid} holds GPU memory", row.name),
                 });
             }
@@ -116,6 +119,7 @@ impl TopSource for MachineSource {
             self.events.push(EventLine {
                 time: clock.clone(),
                 kind: "exit".to_string(),
+                tone: Tone::Bad,
                 text: format!("{name} pid {pid} released the GPU"),
             });
         }

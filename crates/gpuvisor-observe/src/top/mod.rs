@@ -28,6 +28,6 @@ mod tests;
 
 pub use app::{handle_key, Action, Key, Overlay, SortKey, TopApp};
 pub use machine::MachineSource;
-pub use model::{EventLine, GpuView, LogLine, ProcessRow, Segment, TopModel};
+pub use model::{EventLine, GpuView, LogLine, ProcessRow, Segment, Tone, TopModel};
 pub use render::{render, render_to_text};
-pub use source::{GpuProbe, GpuSample, RunSource, TopSource};
+pub use source::{GpuSample, RunSource, TopSource};

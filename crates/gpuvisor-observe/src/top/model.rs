@@ -102,10 +102,27 @@ pub struct ProcessRow {
 pub struct EventLine {
     /// `HH:MM:SS` (UTC).
     pub time: String,
-    /// The event kind (`exit`, `restart`, ...), which picks its colour.
+    /// The event kind (`exit`, `restart`, ...), as the record writes it.
     pub kind: String,
+    /// What kind of news it is, which picks the kind's colour.
+    pub tone: Tone,
     /// The rest, worded (`actor[2] exit code 1 (cuda-oom)`).
     pub text: String,
+}
+
+/// What kind of news an event is, for its colour (told from the typed event, not its kind's
+/// text).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Tone {
+    /// Neither good nor bad.
+    #[default]
+    Plain,
+    /// Something started or became ready.
+    Good,
+    /// Worth a look: a restart, a signal, a request, memory the budgets do not cover.
+    Notice,
+    /// Something ended or was refused.
+    Bad,
 }
 
 /// One line of a log tail.

@@ -12,7 +12,7 @@ use std::path::Path;
 use gpuvisor_record::{label, Event, EventLine as RecordLine, PlanRecord};
 use serde_json::Value;
 
-use super::model::{EventLine, LogLine, ProcessRow};
+use super::model::{EventLine, LogLine, ProcessRow, Tone};
 use super::render::short_bytes;
 
 /// How much of the end of a file a tail reads.
@@ -97,16 +97,11 @@ pub fn parse_plan(text: &str) -> Result<PlanInfo, serde_json::Error> {
     })
 }
 
-/// `actor[2]`, or `learner` for a process with one replica (the supervisor's labels).
-pub fn replica_label(process: &str, replica: u32, replicas: u32) -> String {
-    label::format(process, replica, replicas)
-}
-
-/// The log file of a replica, relative to the run directory (the supervisor's names).
+/// The log file of a replica, relative to the run directory (the record's names).
 pub fn log_path(process: &str, replica: u32, replicas: u32) -> String {
     format!(
         "logs/{}",
-        label::log_file(&replica_label(process, replica, replicas))
+        label::log_file(&label::format(process, replica, replicas))
     )
 }
 
@@ -267,6 +262,12 @@ pub fn parse_events(text: &str) -> Vec<Value> {
 
 /// An event worded for the screen.
 pub fn event_line(event: &Value) -> EventLine {
+    typed_event_line(event).0
+}
+
+/// An event worded for the screen, and the typed event it is (`None` for a kind this
+/// gpuvisor does not know).
+fn typed_event_line(event: &Value) -> (EventLine, Option<Event>) {
     let text_of = |value: &Value| -> String {
         match value {
             Value::String(text) => text.clone(),
@@ -280,17 +281,42 @@ pub fn event_line(event: &Value) -> EventLine {
         .and_then(|object| RecordLine::from_object(object).ok());
     let Some(line) = typed else {
         // A kind this gpuvisor does not know (a newer one's): who it is about.
-        return EventLine {
+        let line = EventLine {
             time,
             kind: text_of(&event["kind"]),
+            tone: Tone::Plain,
             text: text_of(&event["process"]),
         };
+        return (line, None);
     };
     let text = worded(&line.event, &text_of);
-    EventLine {
+    let worded_line = EventLine {
         time,
         kind: line.event.kind().to_string(),
+        tone: tone_of(&line.event),
         text: text.lines().next().unwrap_or_default().to_string(),
+    };
+    (worded_line, Some(line.event))
+}
+
+/// What kind of news `event` is.
+fn tone_of(event: &Event) -> Tone {
+    match event {
+        Event::Exit(_)
+        | Event::Failed(_)
+        | Event::CrashLoop(_)
+        | Event::Denial { .. }
+        | Event::Violation { .. }
+        | Event::Blocked { .. } => Tone::Bad,
+        Event::Restart { .. }
+        | Event::Shutdown { .. }
+        | Event::Signal(_)
+        | Event::SignalReceived { .. }
+        | Event::Control { .. }
+        | Event::UntrackedMemory { .. }
+        | Event::PhysicalMemoryLow { .. } => Tone::Notice,
+        Event::Start { .. } | Event::Ready { .. } | Event::JobStart(_) => Tone::Good,
+        _ => Tone::Plain,
     }
 }
 
@@ -394,10 +420,10 @@ pub fn event_lines(events: &[Value]) -> Vec<EventLine> {
         }
     };
     for event in events {
-        let line = event_line(event);
+        let (line, typed) = typed_event_line(event);
         let process = event["process"].as_str().unwrap_or("").to_string();
         let ms = event["t"].as_str().map_or(0, time_ms);
-        if line.kind != "denial" {
+        if !matches!(typed, Some(Event::Denial { .. })) {
             if let Some(fold) = folds.remove(&process) {
                 finish(fold, &mut lines);
             }

@@ -16,7 +16,7 @@ use ratatui::{Frame, Terminal};
 
 use super::app::{Action, Overlay, TopApp};
 use super::bar::{legend, memory_bar};
-use super::model::{GpuView, ProcessRow};
+use super::model::{GpuView, ProcessRow, Tone};
 
 /// Width of the utilisation sparkline.
 const SPARK_WIDTH: u16 = 30;
@@ -341,19 +341,11 @@ fn render_events(frame: &mut Frame, area: Rect, app: &TopApp) {
     let lines: Vec<Line> = events[events.len().saturating_sub(height)..]
         .iter()
         .map(|event| {
-            let kind_style = match event.kind.as_str() {
-                "exit" | "failed" | "crash-loop" | "denial" | "violation" | "blocked" => {
-                    Style::default().fg(Color::Red)
-                }
-                "restart"
-                | "shutdown"
-                | "signal"
-                | "signal-received"
-                | "control"
-                | "untracked-memory"
-                | "physical-memory-low" => Style::default().fg(Color::Yellow),
-                "start" | "ready" | "job-start" => Style::default().fg(Color::Green),
-                _ => Style::default(),
+            let kind_style = match event.tone {
+                Tone::Bad => Style::default().fg(Color::Red),
+                Tone::Notice => Style::default().fg(Color::Yellow),
+                Tone::Good => Style::default().fg(Color::Green),
+                Tone::Plain => Style::default(),
             };
             Line::from(vec![
                 Span::raw(format!("{} ", event.time)),

@@ -2,16 +2,17 @@
 //! supervisor's control socket while it runs, its record after) or the whole machine
 //! ([`MachineSource`]: every process holding GPU memory, like nvitop).
 //!
-//! GPU figures come through a [`GpuProbe`] the caller provides (a gpuvisor-probe reading of
-//! NVML or of the simulated inventory, turned into samples by [`gpu_samples_of_reading`]); CPU
-//! and resident memory come from /proc (gpuvisor-probe's reader) here.
+//! GPU figures come from a gpuvisor-probe [`GpuSource`] the caller opens (NVML for viewing, or
+//! the simulated inventory as a fixed reading), its readings turned into samples by
+//! [`gpu_samples_of_reading`]; CPU and resident memory come from /proc (gpuvisor-probe's
+//! reader) here.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
 use gpuvisor_core::inventory::GpuProcess;
-use gpuvisor_probe::GpuReading;
+use gpuvisor_probe::{GpuReading, GpuSource};
 use gpuvisor_record::control::{self, Request};
 use serde_json::Value;
 
@@ -55,10 +56,12 @@ pub struct GpuSample {
     pub node: Option<String>,
 }
 
-/// Top's feed of GPU samples: the CLI builds it over a gpuvisor-probe reading (NVML's, or the
-/// simulated inventory's) with [`gpu_samples_of_reading`]; tests feed made-up samples. An
-/// error is shown in the status line and the last figures stay.
-pub type GpuProbe = Box<dyn FnMut() -> Result<Vec<GpuSample>, String>>;
+/// One frame's GPU samples from `source`; a failed read is said in the status line.
+pub(super) fn read_samples(source: &mut dyn GpuSource) -> Result<Vec<GpuSample>, String> {
+    source
+        .try_read()
+        .map(|reading| gpu_samples_of_reading(&reading))
+}
 
 /// Sends one request to a supervisor's control socket and reads its one-line JSON reply.
 pub fn control_request(socket: &Path, request: &Request) -> std::io::Result<Value> {
@@ -89,7 +92,7 @@ fn seconds_since(modified: std::io::Result<SystemTime>) -> Option<u64> {
 /// its record (plan.json, events.jsonl, logs/).
 pub struct RunSource {
     run: PathBuf,
-    probe: Option<GpuProbe>,
+    gpus: Option<Box<dyn GpuSource>>,
     plan: Option<PlanInfo>,
     procs: ProcStats,
     util: BTreeMap<(Option<String>, u32), VecDeque<u8>>,
@@ -100,11 +103,11 @@ pub struct RunSource {
 type FileStamp = (u64, Option<SystemTime>);
 
 impl RunSource {
-    /// A source over `run`; `probe` adds per-GPU usage and utilisation when given.
-    pub fn new(run: PathBuf, probe: Option<GpuProbe>) -> Self {
+    /// A source over `run`; `gpus` adds per-GPU usage and utilisation when given.
+    pub fn new(run: PathBuf, gpus: Option<Box<dyn GpuSource>>) -> Self {
         Self {
             run,
-            probe,
+            gpus,
             plan: None,
             procs: ProcStats::default(),
             util: BTreeMap::new(),
@@ -114,7 +117,7 @@ impl RunSource {
 
     /// The tail of the event log, parsed again only when the file has grown or changed.
     fn events(&mut self) -> Vec<Value> {
-        let path = self.run.join("events.jsonl");
+        let path = gpuvisor_record::RunDir::at(&self.run).events_path();
         let stamp = std::fs::metadata(&path)
             .ok()
             .map(|meta| (meta.len(), meta.modified().ok()));
@@ -131,7 +134,7 @@ impl RunSource {
 
     fn plan(&mut self) -> Result<&PlanInfo, String> {
         if self.plan.is_none() {
-            let path = self.run.join("plan.json");
+            let path = gpuvisor_record::RunDir::at(&self.run).plan_path();
             let text = std::fs::read_to_string(&path)
                 .map_err(|error| format!("cannot read {}: {error}", path.display()))?;
             let plan = parse_plan(&text)
@@ -237,12 +240,12 @@ impl TopSource for RunSource {
             }
         }
 
-        // The supervisor samples the GPUs itself (NVML or the simulator); ask the probe only
+        // The supervisor samples the GPUs itself (NVML or the simulator); read them here only
         // when it does not.
         let from_snapshot = snapshot.as_ref().map(gpu_samples_of_snapshot);
         let samples = match from_snapshot {
             Some(samples) if !samples.is_empty() => samples,
-            _ => match self.probe.as_mut().map(|probe| probe()) {
+            _ => match self.gpus.as_mut().map(|gpus| read_samples(gpus.as_mut())) {
                 Some(Ok(samples)) => samples,
                 Some(Err(why)) => {
                     model.warning.get_or_insert(why);

@@ -5,7 +5,7 @@
 use std::collections::VecDeque;
 
 use super::app::{handle_key, Action, Key, Overlay, SortKey, TopApp};
-use super::model::{EventLine, GpuView, LogLine, ProcessRow, Segment, TopModel};
+use super::model::{EventLine, GpuView, LogLine, ProcessRow, Segment, Tone, TopModel};
 use super::render::render_to_text;
 
 const GIB: u64 = 1 << 30;
@@ -86,16 +86,19 @@ fn s3_model() -> TopModel {
             EventLine {
                 time: "00:15:01".into(),
                 kind: "start".into(),
+                tone: Tone::Good,
                 text: "learner pid 4071".into(),
             },
             EventLine {
                 time: "00:16:40".into(),
                 kind: "exit".into(),
+                tone: Tone::Bad,
                 text: "actor[1] exit code 1 (cuda-oom)".into(),
             },
             EventLine {
                 time: "00:16:40".into(),
                 kind: "restart".into(),
+                tone: Tone::Notice,
                 text: "actor in 2000 ms (policy)".into(),
             },
         ],

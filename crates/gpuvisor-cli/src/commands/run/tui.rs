@@ -75,12 +75,12 @@ impl Tui {
         let thread = std::thread::Builder::new()
             .name("gpuvisor-tui".into())
             .spawn(move || {
-                let probe = if simulated {
+                let gpus = if simulated {
                     None
                 } else {
-                    super::super::top::nvml_probe_if_available()
+                    super::super::top::nvml_if_available()
                 };
-                let mut source = RunSource::new(run.clone(), probe);
+                let mut source = RunSource::new(run.clone(), gpus);
                 match run_interactive(&mut source, &options) {
                     Ok(LoopEnd::Finished) => {}
                     Ok(LoopEnd::Quit) => {

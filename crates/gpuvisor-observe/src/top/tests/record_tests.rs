@@ -2,6 +2,8 @@
 
 use serde_json::json;
 
+use crate::top::model::Tone;
+
 use crate::top::record::{
     event_line, parse_events, parse_log_lines, parse_plan, read_tail, rows_from_events,
     rows_from_ps,
@@ -103,6 +105,21 @@ fn events_are_worded_for_the_screen() {
     );
     assert_eq!(lines[8], "00:18:00 shutdown Ctrl-C");
     assert_eq!(lines[11], "00:18:01 job-end status 1");
+}
+
+#[test]
+fn an_events_colour_comes_from_its_typed_kind() {
+    let tones: Vec<Tone> = parse_events(EVENTS)
+        .iter()
+        .map(|event| event_line(event).tone)
+        .collect();
+    // job-start, exit, restart, denial, shutdown, job-end.
+    let picked = [tones[0], tones[4], tones[5], tones[7], tones[8], tones[11]];
+    use Tone::*;
+    assert_eq!(picked, [Good, Bad, Notice, Bad, Notice, Plain]);
+    let unknown = json!({"t": "2026-11-22T00:18:02.000Z", "kind": "from-a-newer-gpuvisor"});
+    assert_eq!(event_line(&unknown).tone, Plain);
+    assert_eq!(event_line(&unknown).kind, "from-a-newer-gpuvisor");
 }
 
 #[test]

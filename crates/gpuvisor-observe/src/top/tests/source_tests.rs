@@ -1,16 +1,43 @@
-//! The sources against a run directory with a fake supervisor socket, and a fake GPU probe.
+//! The sources against a run directory with a fake supervisor socket, and a fake GPU source.
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixListener;
 use std::sync::{Arc, Mutex};
 
-use gpuvisor_core::inventory::GpuProcess;
+use gpuvisor_probe::{DeviceReading, GpuProcessReading, GpuReading, GpuSource};
 use serde_json::{json, Value};
 
 use super::record_tests::{EVENTS, PLAN};
 use crate::top::app::Action;
-use crate::top::source::{GpuSample, RunSource, TopSource};
+use crate::top::source::{RunSource, TopSource};
 use crate::top::MachineSource;
+
+/// A GPU source whose every read is what `read` makes.
+struct FakeGpus<F>(F);
+
+impl<F: FnMut() -> Result<GpuReading, String> + Send> GpuSource for FakeGpus<F> {
+    fn name(&self) -> &'static str {
+        "fake"
+    }
+    fn read(&mut self) -> GpuReading {
+        (self.0)().unwrap_or_default()
+    }
+    fn try_read(&mut self) -> Result<GpuReading, String> {
+        (self.0)()
+    }
+}
+
+/// One GPU, `index`, of which `used` bytes are in use.
+fn device(index: u32, total: u64, used: u64, util: Option<u32>) -> DeviceReading {
+    DeviceReading {
+        index,
+        total_bytes: total,
+        used_bytes: used,
+        free_bytes: total - used,
+        utilization_percent: util,
+        ..DeviceReading::default()
+    }
+}
 
 fn run_dir() -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
@@ -77,15 +104,13 @@ fn fake_supervisor(socket: &std::path::Path, sample: Option<Value>) -> Arc<Mutex
 fn a_live_run_reads_the_socket_and_sends_restarts() {
     let dir = run_dir();
     let requests = fake_supervisor(&dir.path().join("control.sock"), None);
-    let probe = Box::new(|| {
-        Ok(vec![GpuSample {
-            index: 0,
-            used_bytes: Some(25 << 30),
-            util_percent: Some(64),
-            ..GpuSample::default()
-        }])
-    });
-    let mut source = RunSource::new(dir.path().to_path_buf(), Some(probe));
+    let gpus = Box::new(FakeGpus(|| {
+        Ok(GpuReading {
+            devices: vec![device(0, 25 << 30, 25 << 30, Some(64))],
+            processes: Vec::new(),
+        })
+    }));
+    let mut source = RunSource::new(dir.path().to_path_buf(), Some(gpus));
     let model = source.poll(Some("actor[1]"));
     assert_eq!(model.source_note, "live");
     assert!(model.warning.is_none(), "{:?}", model.warning);
@@ -178,9 +203,11 @@ fn a_sampled_run_takes_the_sampler_s_figures() {
         "counters": {"denials": 2, "violations": 0, "restarts": 1, "stalls": 1, "policy_actions": 0}
     });
     fake_supervisor(&dir.path().join("control.sock"), Some(sample));
-    // The probe is not asked: the snapshot has the GPUs.
-    let probe = Box::new(|| -> Result<Vec<GpuSample>, String> { panic!("probe asked") });
-    let mut source = RunSource::new(dir.path().to_path_buf(), Some(probe));
+    // The GPUs are not read here: the snapshot has them.
+    let gpus = Box::new(FakeGpus(|| -> Result<GpuReading, String> {
+        panic!("GPUs read")
+    }));
+    let mut source = RunSource::new(dir.path().to_path_buf(), Some(gpus));
     let model = source.poll(None);
     assert_eq!(model.source_note, "live, sampled");
     let learner = &model.rows[0];
@@ -260,31 +287,29 @@ fn machine_wide_rows_come_and_go_with_events() {
     let own = std::process::id();
     let tick = Arc::new(Mutex::new(0));
     let ticks = Arc::clone(&tick);
-    let probe = Box::new(move || {
+    let gpus = Box::new(FakeGpus(move || {
         let n = *ticks.lock().unwrap();
-        let mut processes = vec![GpuProcess {
-            pid: own,
+        let mut processes = vec![GpuProcessReading {
+            pid: own as i32,
             used_bytes: Some(5 << 30),
             name: Some("python3".into()),
+            ..GpuProcessReading::default()
         }];
         if n == 0 {
-            processes.push(GpuProcess {
+            processes.push(GpuProcessReading {
                 pid: 999_999_999,
-                used_bytes: None,
-                name: None,
+                ..GpuProcessReading::default()
             });
         }
-        Ok(vec![GpuSample {
-            index: 0,
-            name: "GPU".into(),
-            total_bytes: 80 << 30,
-            used_bytes: Some(6 << 30),
-            util_percent: None,
+        Ok(GpuReading {
+            devices: vec![DeviceReading {
+                name: Some("GPU".into()),
+                ..device(0, 80 << 30, 6 << 30, None)
+            }],
             processes,
-            node: None,
-        }])
-    });
-    let mut source = MachineSource::new(probe, "simulated".into());
+        })
+    }));
+    let mut source = MachineSource::new(gpus, "simulated".into());
     let model = source.poll(None);
     assert!(!model.supervised);
     assert_eq!(model.rows.len(), 2);
@@ -315,7 +340,6 @@ fn machine_wide_rows_come_and_go_with_events() {
 #[test]
 fn a_probe_reading_becomes_samples_with_used_as_total_minus_free() {
     use crate::top::source::gpu_samples_of_reading;
-    use gpuvisor_probe::{DeviceReading, GpuProcessReading, GpuReading};
     let reading = GpuReading {
         devices: vec![DeviceReading {
             index: 3,
@@ -344,7 +368,7 @@ fn a_probe_reading_becomes_samples_with_used_as_total_minus_free() {
     assert_eq!(sample.util_percent, Some(100), "capped");
     assert_eq!(
         sample.processes,
-        vec![GpuProcess {
+        vec![gpuvisor_core::inventory::GpuProcess {
             pid: 77,
             used_bytes: None,
             name: Some("python3".into())

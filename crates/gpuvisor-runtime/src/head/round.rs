@@ -1,10 +1,22 @@
 //! The head while the job runs: the nodes' messages merged into the run's record, control
 //! requests answered for every node, lost and failed nodes noticed.
 
-use gpuvisor_runtime::head::merge::merge_samples;
-use gpuvisor_runtime::head::{Action, Input as RoundInput, Node, Round};
+use std::process::Child;
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
+use std::time::{Duration, Instant};
 
-use super::*;
+use gpuvisor_supervisor::cluster::wire::{AgentMsg, HeadMsg};
+use gpuvisor_supervisor::control::{self, PsRow, Request};
+use gpuvisor_supervisor::events::Event;
+use gpuvisor_supervisor::sample::Snapshot;
+use nix::sys::signal::killpg;
+use nix::unistd::Pid;
+use serde_json::{json, Value};
+
+use super::machine::{Action, Input as RoundInput, Node, Round, RoundEnd};
+use super::merge::merge_samples;
+use super::run::{Agent, Context, Input};
+use crate::hint_line;
 
 impl Context<'_> {
     /// Runs the round to its end: merges events, answers control requests, watches nodes.
@@ -131,7 +143,7 @@ impl Context<'_> {
             | Request::Restart { process }
                 if self.job.process(process).is_none() =>
             {
-                control::error_reply(&crate::failure::hinted(
+                control::error_reply(&hint_line(
                     format!("no process `{}` in job {}", process, self.job.name),
                     format!(
                         "processes are: {}",

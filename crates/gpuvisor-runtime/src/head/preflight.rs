@@ -1,8 +1,22 @@
 //! The head's start-up: the agents connect (each hello on a thread of its own), plan their
 //! nodes, and probe every coordinator; only then are they told to start.
 
-use super::*;
-use crate::failure::hinted;
+use std::collections::BTreeMap;
+use std::net::TcpStream;
+use std::process::Child;
+use std::sync::mpsc::{self, Receiver};
+use std::time::{Duration, Instant};
+
+use gpuvisor_core::cluster::NodeLayout;
+use gpuvisor_core::inventory::Inventory;
+use gpuvisor_core::plan::{merge_node_plans, plan_node};
+use gpuvisor_supervisor::cluster::wire::{self, AgentMsg, HeadMsg, ProbeResult, ProbeTarget};
+use gpuvisor_supervisor::control::{self, Request};
+use gpuvisor_supervisor::events::Event;
+use serde_json::{json, Value};
+
+use super::run::{abort_all, let_go, unavailable, Agent, Context, Halt, Input};
+use crate::{hint_line, RuntimeError};
 
 impl Context<'_> {
     /// Agents connect, plan and pass the preflight; Ok: they are told to start.
@@ -34,24 +48,17 @@ impl Context<'_> {
         inputs: &Receiver<Input>,
     ) -> Result<(), Halt> {
         // Plans.
+        let record = gpuvisor_record::RunDir::at(self.run_path);
         for (index, agent) in agents.iter_mut().enumerate() {
-            let suffix = if round == 0 {
-                String::new()
-            } else {
-                format!(".{round}")
-            };
             agent.sender.send(&HeadMsg::Assign {
                 job_path: self.job_path.to_path_buf(),
                 job_source: self.job_source.to_string(),
                 nodes: self.nodes.to_vec(),
                 index,
-                record: self
-                    .run_path
-                    .join("nodes")
-                    .join(format!("{}{suffix}", agent.node)),
-                logs: self.run_path.join("logs"),
-                simulate: self.args.inventory.simulate.clone(),
-                quiet: self.args.quiet || self.args.tui,
+                record: record.node_path(&agent.node, round),
+                logs: record.logs_path(),
+                simulate: self.options.simulate.clone(),
+                quiet: self.options.quiet,
             })?;
         }
         let mut plans = Vec::new();
@@ -64,7 +71,7 @@ impl Context<'_> {
                 } => {
                     let inventory: Inventory =
                         serde_json::from_value(inventory).map_err(|error| {
-                            Failure::unavailable(format!(
+                            unavailable(format!(
                                 "{}: its GPU list does not read: {error}",
                                 agent.node
                             ))
@@ -76,7 +83,7 @@ impl Context<'_> {
                     // The agent planned the same job on the same GPUs already; this cannot
                     // fail unless the two disagree.
                     let plan = plan_node(self.job, &inventory, &layout).map_err(|error| {
-                        Failure::unavailable(format!(
+                        unavailable(format!(
                             "{}: the head cannot plan the node the agent planned: {error}",
                             agent.node
                         ))
@@ -90,13 +97,16 @@ impl Context<'_> {
                     let text = format!("node {} could not plan its share: {message}", agent.node);
                     abort_all(agents, &text);
                     return Err(Halt::Failed(if bad_input {
-                        Failure::bad_input(text)
+                        RuntimeError::Refused {
+                            what: text,
+                            hint: None,
+                        }
                     } else {
-                        Failure::unavailable(text)
+                        unavailable(text)
                     }));
                 }
                 other => {
-                    return Err(Halt::Failed(Failure::unavailable(format!(
+                    return Err(Halt::Failed(unavailable(format!(
                         "{}: unexpected message before its plan: {other:?}",
                         agent.node
                     ))))
@@ -105,9 +115,10 @@ impl Context<'_> {
         }
         if !self.plan_written {
             let merged = merge_node_plans(plans.clone());
-            let json = serde_json::to_string_pretty(&merged).map_err(Failure::unavailable)?;
+            let json = serde_json::to_string_pretty(&merged)
+                .map_err(|error| unavailable(error.to_string()))?;
             // Owner-only, as every plan.json (the record's writer).
-            gpuvisor_record::RunDir::at(self.run_path).write_plan(&json)?;
+            record.write_plan(&json)?;
             self.plan_written = true;
         }
         self.plans = plans;
@@ -132,15 +143,15 @@ impl Context<'_> {
             match self.recv_within(agent, timeout + Duration::from_secs(5), inputs)? {
                 AgentMsg::Probed { results: probed } => results.push((agent.node.clone(), probed)),
                 other => {
-                    return Err(Halt::Failed(Failure::unavailable(format!(
+                    return Err(Halt::Failed(unavailable(format!(
                         "{}: unexpected message instead of its preflight results: {other:?}",
                         agent.node
                     ))))
                 }
             }
         }
-        if !targets.is_empty() && self.terminal {
-            eprint!("{}", preflight_table(&targets, &results));
+        if !targets.is_empty() && !self.viewed {
+            self.console.preflight(&targets, &results);
         }
         let unreachable: Vec<Value> =
             results
@@ -193,7 +204,7 @@ impl Context<'_> {
                 pairs.join("\n")
             );
             abort_all(agents, "preflight failed");
-            return Err(Halt::Failed(Failure::unavailable(what).with_hint("the processes would hang at their first collective; check the routes and firewalls between these nodes (and NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME if the nodes have several networks)")));
+            return Err(Halt::Failed(RuntimeError::Unavailable { what, hint: Some("the processes would hang at their first collective; check the routes and firewalls between these nodes (and NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME if the nodes have several networks)".to_string()) }));
         }
         let coordinators: BTreeMap<String, ProbeTarget> = targets
             .into_iter()
@@ -248,10 +259,10 @@ impl Context<'_> {
             if let Some(status) = srun.try_wait()? {
                 let_go(&mut by_node);
                 let missing = self.missing(&by_node);
-                return Err(Halt::Failed(self.preflight_failure(hinted(
+                return Err(Halt::Failed(self.preflight_failure(hint_line(
                     format!("srun ended ({status}) before the agents of {} connected; its error is above", missing.join(", ")),
                     format!("check that the allocation still holds these nodes (squeue, sinfo) and that {} exists on every node",
-                    std::env::current_exe().map(|path| path.display().to_string()).unwrap_or_default()),
+                    self.options.gpuvisor.display()),
                 ))));
             }
             if Instant::now() >= deadline {
@@ -271,7 +282,7 @@ impl Context<'_> {
                     .into_iter()
                     .chain(refused.iter().map(|why| format!("  {why}")))
                     .collect();
-                return Err(Halt::Failed(self.preflight_failure(hinted(
+                return Err(Halt::Failed(self.preflight_failure(hint_line(
                     format!(
                         "preflight failed: {} of {} nodes never connected; nothing was started\n{}",
                         missing.len(),
@@ -334,7 +345,7 @@ impl Context<'_> {
                             "ok": true, "job": self.job.name, "replicas": [], "nodes": self.nodes
                         }),
                         Request::Sample => json!({ "ok": true, "sample": null }),
-                        _ => control::error_reply(&hinted(
+                        _ => control::error_reply(&hint_line(
                             format!("job {} is still in its preflight: nothing runs yet", self.job.name),
                             "retry once its processes have started, or `gpuvisor stop` the whole job",
                         )),
@@ -381,11 +392,11 @@ impl Context<'_> {
         receiver.set_timeout(None)?;
         match message {
             Ok(Some(message)) => Ok(message),
-            Ok(None) => Err(Halt::Failed(Failure::unavailable(format!(
+            Ok(None) => Err(Halt::Failed(unavailable(format!(
                 "the agent on {} (pid {}) went away during start-up; its error is above",
                 agent.node, agent.pid
             )))),
-            Err(error) => Err(Halt::Failed(Failure::unavailable(format!(
+            Err(error) => Err(Halt::Failed(unavailable(format!(
                 "the agent on {} did not answer within {:.0} s: {error}",
                 agent.node,
                 timeout.as_secs_f64()
@@ -401,7 +412,7 @@ impl Context<'_> {
             .collect()
     }
 
-    pub(super) fn preflight_failure(&self, text: String) -> Failure {
+    pub(super) fn preflight_failure(&self, text: String) -> RuntimeError {
         self.events
             .write(&Event::PreflightFailed(gpuvisor_record::event::Preflight {
                 nodes: None,
@@ -409,7 +420,7 @@ impl Context<'_> {
                 unreachable: None,
                 reason: Some(text.clone()),
             }));
-        Failure::unavailable(text)
+        unavailable(text)
     }
 }
 
@@ -434,37 +445,4 @@ pub(super) fn hello(stream: TcpStream, token: &str) -> Option<Agent> {
         }
         _ => None,
     }
-}
-
-/// The per-node preflight table.
-pub(super) fn preflight_table(
-    targets: &[ProbeTarget],
-    results: &[(String, Vec<ProbeResult>)],
-) -> String {
-    let mut header = vec!["NODE".to_string()];
-    header.extend(
-        targets
-            .iter()
-            .map(|target| format!("{} @ {}:{}", target.world, target.host, target.port)),
-    );
-    let mut table =
-        crate::table::Table::new(&header.iter().map(String::as_str).collect::<Vec<_>>());
-    for (node, probed) in results {
-        let mut row = vec![node.clone()];
-        for target in targets {
-            let cell = match probed.iter().find(|result| &result.target == target) {
-                Some(ProbeResult { ms: Some(ms), .. }) => format!("ok {ms} ms"),
-                Some(ProbeResult {
-                    error: Some(error), ..
-                }) => format!("FAILED: {error}"),
-                _ => "?".to_string(),
-            };
-            row.push(cell);
-        }
-        table.row(row);
-    }
-    format!(
-        "gpuvisor: preflight (every node to every coordinator):\n{}",
-        table.render("  ")
-    )
 }
