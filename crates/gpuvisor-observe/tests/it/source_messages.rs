@@ -41,7 +41,14 @@ struct Lookalike {
 fn table() -> Table {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/corpus/source_messages.toml");
     let text = std::fs::read_to_string(&path).expect("read the source-message table");
-    toml::from_str(&text).expect("the source-message table parses")
+    toml::from_str(&text).unwrap_or_else(|error: toml::de::Error| {
+        panic!(
+            "{}: {} at {:?}",
+            path.display(),
+            error.message(),
+            error.span()
+        )
+    })
 }
 
 fn named(finding: &Finding) -> String {
