@@ -6,3 +6,4 @@ mod corpus;
 mod corpus_rates;
 mod doc_references;
 mod fuzz;
+mod source_messages;
