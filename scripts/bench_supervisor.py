@@ -17,6 +17,10 @@ not counted). supervisord and honcho are installed from PyPI into a venv under t
 With --baseline PATH (or $GPUVISOR_BENCH_BASELINE) a second gpuvisor binary runs in every round
 too, as *gpuvisor before*, and in the start-up runs: a change's before and after under the same load.
 
+With --profile it only prints where gpuvisor's CPU goes under that load: the log pump thread's
+user and system time per 1,000 lines and the supervisor's I/O counts from /proc (the figures of
+the section's "Where the time goes").
+
 Start-up: `gpuvisor run` of a job with 256 CPU-only replicas (`sleep 60`); the time from
 starting `gpuvisor run` to the `start` event of the last replica in events.jsonl.
 """
@@ -158,6 +162,75 @@ def bench_gpuvisor(binary, work, children, seconds):
                                  "--simulate", "1x80GiB", "--quiet"],
                     work, seconds, lambda p: p.send_signal(signal.SIGINT),
                     lambda: sorted((work / "run" / "logs").glob("*.log*")))
+
+
+def thread_cpu(pid):
+    """{thread name: (user s, system s, its /proc/PID/task/TID/io as a dict)} of a process's
+    threads. (The process's own /proc/PID/io also counts its reaped children: the keepers, and
+    through them `yes`.)"""
+    found = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            text = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+            io = dict(line.split(": ") for line in Path(f"/proc/{pid}/task/{tid}/io").read_text().splitlines())
+        except OSError:
+            continue
+        name = text[text.index("(") + 1:text.rindex(")")]
+        fields = text[text.rindex(")") + 2:].split()
+        found[name] = (int(fields[11]) / TICKS, int(fields[12]) / TICKS, io)
+    return found
+
+
+def profile_gpuvisor(binary, work, children, seconds):
+    """Where gpuvisor's CPU goes under the log workload: the supervisor's threads (user and
+    system time from /proc/PID/task/*/stat) and the pump thread's I/O (its task's io), the
+    last figures before the pump stops."""
+    job = work / "job.toml"
+    job.write_text(f'[process.chatty]\ncommand = ["sh", "-c", "{child_command(seconds)}"]\n'
+                   f'replicas = {children}\ndevice = "cpu"\n')
+    process = subprocess.Popen([str(binary), "run", str(job), "--run-dir", str(work / "run"), "--simulate",
+                                "1x80GiB", "--quiet"], cwd=work, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL, start_new_session=True)
+    meter = CpuMeter(process.pid)
+    started = time.monotonic()
+    time.sleep(1)
+    threads = {}
+    # The job ends with its children, and the pump with the job: the last figures seen while
+    # the pump still runs are kept (at most 0.2 s old).
+    while process.poll() is None and (meter.workload_running() or time.monotonic() - started < seconds):
+        seen = thread_cpu(process.pid)
+        if "gpuvisor-logs" in seen:
+            threads = seen
+        time.sleep(0.2)
+    if process.poll() is None:
+        process.send_signal(signal.SIGINT)
+    process.wait(timeout=60)
+    lines = count_lines(sorted((work / "run" / "logs").glob("*.log*")))
+    user, system, io = threads["gpuvisor-logs"]
+    return {"lines": lines, "pump_user": user, "pump_system": system,
+            "other": sum(u + s for name, (u, s, _) in threads.items() if name != "gpuvisor-logs"),
+            "read": int(io["rchar"]), "written": int(io["wchar"]), "reads": int(io["syscr"]),
+            "writes": int(io["syscw"])}
+
+
+def profile(binaries, children, seconds, rounds):
+    """Prints the pump's CPU per 1,000 lines, user and system, and its I/O, for each binary.
+    (Lines are those in the files at the end; the CPU is at most 0.2 s short of the pump's.)"""
+    print("| round | build | lines | pump user µs / 1000 lines | pump system µs / 1000 lines | other threads (s) "
+          "| bytes written per byte read | mean read (KB) | writes per read |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    with tempfile.TemporaryDirectory(prefix="gpuvisor-profile-") as tmp:
+        for round_number in range(1, rounds + 1):
+            for name, binary in binaries:
+                work = Path(tmp) / "work"
+                work.mkdir()
+                row = profile_gpuvisor(binary, work, children, seconds)
+                shutil.rmtree(work)
+                per_kline = 1e9 / max(row["lines"], 1)
+                print(f"| {round_number} | {name} | {row['lines']:,} | {row['pump_user'] * per_kline:.0f} | "
+                      f"{row['pump_system'] * per_kline:.0f} | {row['other']:.2f} | "
+                      f"{row['written'] / max(row['read'], 1):.2f} | {row['read'] / max(row['reads'], 1) / 1e3:.1f} | "
+                      f"{row['writes'] / max(row['reads'], 1):.2f} |", flush=True)
 
 
 def bench_supervisord(bin_dir, work, children, seconds):
@@ -348,7 +421,16 @@ def main():
     parser.add_argument("--baseline", help="a second gpuvisor binary measured in every round as *before*")
     parser.add_argument("--baseline-label", help="what the baseline is, for the page (e.g. a commit)")
     parser.add_argument("--write", action="store_true", help="replace the section in docs/benchmarks.md")
+    parser.add_argument("--profile", action="store_true",
+                        help="only print where gpuvisor's CPU goes (the pump's user and system time, its I/O), "
+                             "for the baseline and the binary, round by round")
     args = parser.parse_args()
+    if args.profile:
+        binary = Path(args.binary or build())
+        binaries = ([(f"before ({args.baseline_label or 'BEFORE'})", Path(args.baseline))] if args.baseline else []) \
+            + [("gpuvisor", binary)]
+        profile(binaries, args.children, args.seconds, args.rounds)
+        return
     lines = section(args)
     print("\n".join(lines))
     if args.write:

@@ -7,7 +7,7 @@
 //!   samples/         the memory sample tiers
 //!   control.sock     the control socket while the supervisor runs (0600)
 //!   supervisor.pid   the supervisor's pid (its claim on the directory)
-//!   logs/<name>[.<replica>].log   each replica's stdout and stderr, timestamped
+//!   logs/<name>[.<replica>].log   each replica's stdout and stderr, timestamped (log_file.rs)
 //! ```
 //!
 //! Creating and claiming a directory (modes, the exclusive claim) is the supervisor's; this
