@@ -59,8 +59,6 @@ pub enum LogEvent {
         generation: u64,
         /// Its last lines of output (up to [`TAIL_LINES`]).
         tail: Vec<String>,
-        /// Lines written to its file in this life.
-        lines: u64,
     },
 }
 
@@ -437,9 +435,11 @@ impl Pump {
         }
         let known = replica < self.file_stems.len();
         if let Some(terminal) = self.terminal.as_ref().filter(|_| known) {
+            // Counted here only: without a terminal, lines are never counted one by one.
             let ends_line = fresh.last().or(carried.last()) == Some(&b'\n');
+            let lines = memchr::memchr_iter(b'\n', fresh).count() + usize::from(!ends_line);
             let newline: &[u8] = if ends_line { b"" } else { b"\n" };
-            terminal.push(replica, written.lines, &[carried, fresh, newline]);
+            terminal.push(replica, lines, &[carried, fresh, newline]);
         }
     }
 
@@ -468,7 +468,6 @@ impl Pump {
                 replica: stream.replica,
                 generation: log.generation,
                 tail,
-                lines: log.lines,
             });
         }
     }

@@ -24,14 +24,10 @@ pub(super) struct ReplicaFile {
     pub(super) open_streams: u8,
     ready: Option<Regex>,
     pub(super) tail: Vec<u8>,
-    /// Lines written in this life.
-    pub(super) lines: u64,
 }
 
 /// What [`ReplicaFile::write_lines`] did.
 pub(super) struct Written {
-    /// Lines taken.
-    pub(super) lines: usize,
     /// This write matched the readiness pattern (the first time).
     pub(super) ready: bool,
     /// The write to the file failed.
@@ -56,7 +52,6 @@ impl ReplicaFile {
             open_streams: 2,
             ready,
             tail: Vec::new(),
-            lines: 0,
         })
     }
 
@@ -72,8 +67,6 @@ impl ReplicaFile {
         (max_file_bytes, keep_rotated): (u64, u32),
     ) -> Written {
         let ends_line = fresh.last().or(carried.last()) == Some(&b'\n');
-        let lines = memchr::memchr_iter(b'\n', fresh).count() + usize::from(!ends_line);
-        self.lines += lines as u64;
         let ready = self.match_ready(carried, fresh);
         let error = match self
             .writer
@@ -89,11 +82,7 @@ impl ReplicaFile {
         if self.file_bytes > max_file_bytes {
             self.rotate(keep_rotated);
         }
-        Written {
-            lines,
-            ready,
-            error,
-        }
+        Written { ready, error }
     }
 
     /// Whether a line of these matches the readiness pattern (then it is not looked for again).
