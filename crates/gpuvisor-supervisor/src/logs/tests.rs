@@ -206,7 +206,9 @@ fn an_endless_line_is_written_in_pieces_and_nothing_is_lost() {
 
 /// What child `child` writes as line `number` of `stream` (`O` or `E`): its own name, then
 /// letters up to a length from a fixed sequence; every 40th line is longer than a pipe's
-/// buffer (64 KiB) and than the pump's reads. The `awk` in [`MIXED_WRITER`] makes the same.
+/// buffer (64 KiB) and than the pump's reads; every 7th starts with the byte that starts the
+/// file's marker lines (0x1e), which the file must escape. The `awk` in [`MIXED_WRITER`]
+/// makes the same.
 fn mixed_line(child: usize, stream: char, number: usize) -> String {
     let length = if number % 40 == 0 {
         70_000 + number
@@ -215,7 +217,8 @@ fn mixed_line(child: usize, stream: char, number: usize) -> String {
     };
     let alphabet = "abcdefghijklmnopqrstuvwxyz";
     let filler: String = alphabet.chars().cycle().take(length).collect();
-    format!("{child}:{stream}:{number}:{filler}")
+    let mark = if number % 7 == 0 { "\x1e" } else { "" };
+    format!("{mark}{child}:{stream}:{number}:{filler}")
 }
 
 const MIXED_LINES: usize = 160;
@@ -223,11 +226,12 @@ const MIXED_LINES: usize = 160;
 /// Writes lines 1..=MIXED_LINES to stdout, every third also to stderr, then one more line on
 /// each stream without its newline, and exits.
 const MIXED_WRITER: &str = r#"awk -v child="$1" -v count="$2" '
-function mixed(stream, number,   length_, filler) {
+function mixed(stream, number,   length_, filler, mark) {
     length_ = (number % 40 == 0) ? 70000 + number : (number * 7919) % 300
     filler = "abcdefghijklmnopqrstuvwxyz"
     while (length(filler) < length_) filler = filler filler
-    return child ":" stream ":" number ":" substr(filler, 1, length_)
+    mark = (number % 7 == 0) ? sprintf("%c", 30) : ""
+    return mark child ":" stream ":" number ":" substr(filler, 1, length_)
 }
 BEGIN {
     for (number = 1; number <= count; number++) {
@@ -285,10 +289,17 @@ fn sixty_four_children_of_mixed_line_lengths_lose_no_byte_and_keep_order() {
             let written = stream_lines(&text, stream);
             // A line longer than a read is written in pieces: the pieces, joined, are the
             // line, and every line the child wrote starts a line of the file.
-            assert_eq!(
-                written.concat(),
-                expected.concat(),
-                "child {child}, stream {stream}: bytes lost, added or out of order"
+            let (written_bytes, expected_bytes) = (written.concat(), expected.concat());
+            let first_difference = written_bytes
+                .bytes()
+                .zip(expected_bytes.bytes())
+                .position(|(got, wanted)| got != wanted);
+            assert!(
+                written_bytes == expected_bytes,
+                "child {child}, stream {stream}: bytes lost, added or out of order ({} bytes \
+                 written, {} expected, first difference at {first_difference:?})",
+                written_bytes.len(),
+                expected_bytes.len()
             );
             let mut starts = std::collections::HashSet::new();
             let mut at = 0;
