@@ -357,7 +357,7 @@ def section(args):
         startup_before = bench_startup(Path(baseline), tmp, 256, 3 if args.quick else 5,
                                        "start-before") if baseline else []
     load_after = os.getloadavg()[0]
-    command = "python3 scripts/bench_supervisor.py" + \
+    command = "python3 scripts/bench_supervisor.py" + (f" --rounds {rounds}" if rounds != 2 else "") + \
         (f" --baseline PATH --baseline-label {label}" if baseline else "")
     lines = [
         "## Supervisor", "",

@@ -886,6 +886,23 @@ device = "cpu"
 }
 
 #[test]
+fn logs_reads_a_run_recorded_before_format_2_as_before() {
+    // The recorded fixture's log files have a stamp on every line (log file format 1).
+    let tail = gpuvisor()
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .args(["logs", "tests/fixtures/run-chain", "actor[0]", "-n", "2"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&tail.stdout),
+        "actor[0] | 20984 alloc 268435456 rc=0\n\
+         actor[0] | ConnectionResetError: [Errno 104] Connection reset by peer\n",
+        "{}",
+        String::from_utf8_lossy(&tail.stderr)
+    );
+}
+
+#[test]
 fn a_detached_run_goes_on_alone_and_attach_follows_it_to_its_summary() {
     let (dir, path) = job(r#"
 [process.learner]
