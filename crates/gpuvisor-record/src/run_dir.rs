@@ -7,7 +7,7 @@
 //!   samples/         the memory sample tiers
 //!   control.sock     the control socket while the supervisor runs (0600)
 //!   supervisor.pid   the supervisor's pid (its claim on the directory)
-//!   logs/<name>[.<replica>].log   each replica's stdout and stderr, timestamped
+//!   logs/<name>[.<replica>].log   each replica's stdout and stderr, timestamped (log_file.rs)
 //!   nodes/<node>[.<round>]/       a multi-node run: each node's own record, per round
 //!   srun.log         a multi-node run under `--tui`: srun's own messages
 //! ```

@@ -1,22 +1,24 @@
-//! The log pump: one thread that polls every replica's stdout and stderr pipe, reads big
-//! chunks, splits lines, and writes each line to `logs/<name>[.<replica>].log` behind a
-//! timestamp (`2026-11-21T23:25:16.123Z O ` for stdout, `E ` for stderr) and to the terminal
-//! queue. A child is never blocked by the terminal (see [`crate::terminal`]); the files keep
-//! every line. Files rotate by size (`x.log` -> `x.log.1` -> ... `x.log.N`).
+//! The log pump: one thread that waits on every replica's stdout and stderr pipe, reads big
+//! chunks, and writes each chunk's whole lines to `logs/<name>[.<replica>].log` as they were
+//! read (one `writev`, the time and stream given once per run of lines: the record's
+//! [`gpuvisor_record::log_file`] format) and to the terminal queue. A line's unfinished end
+//! waits in a small buffer for the rest of it from the same pipe, so lines never interleave.
+//! A child is never blocked by the terminal (see [`crate::terminal`]); the files keep every
+//! line. Files rotate by size (`x.log` -> `x.log.1` -> ... `x.log.N`).
 //!
 //! It also watches for readiness lines (a regex per replica) and keeps the tail of each
 //! replica's output, handed over when both pipes close, for exit-cause classification.
 
-use std::fs::{self, File, OpenOptions};
+use std::fs::File;
 use std::io::{self, Read, Write};
 use std::os::fd::{AsFd, OwnedFd};
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
+use gpuvisor_record::log_file::Stream as Pipe;
 use nix::fcntl::{fcntl, FcntlArg, OFlag};
 use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags};
 use nix::unistd::pipe;
@@ -24,6 +26,9 @@ use regex::bytes::Regex;
 
 use crate::clock::{now_unix_ms, rfc3339_ms};
 use crate::terminal::TerminalQueue;
+use replica_file::ReplicaFile;
+
+mod replica_file;
 
 /// How the log files are kept.
 #[derive(Debug, Clone)]
@@ -54,8 +59,6 @@ pub enum LogEvent {
         generation: u64,
         /// Its last lines of output (up to [`TAIL_LINES`]).
         tail: Vec<String>,
-        /// Lines written to its file in this life.
-        lines: u64,
     },
 }
 
@@ -69,7 +72,6 @@ const EVENTS_PER_WAKE: usize = 256;
 const WAKE_TOKEN: u64 = 0;
 /// How long [`LogPump::finish`] waits for pipes still open.
 const FINISH_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
-const TAIL_KEEP_BYTES: usize = 16 << 10;
 
 struct Registration {
     replica: usize,
@@ -129,7 +131,6 @@ impl LogPump {
             receiver,
             wake: File::from(wake_read),
             buffer: vec![0; READ_BYTES],
-            out: Vec::with_capacity(2 * READ_BYTES),
             write_failures: Vec::new(),
         };
         let thread = std::thread::Builder::new()
@@ -203,23 +204,12 @@ fn set_nonblocking(fd: &impl AsFd) -> io::Result<()> {
     Ok(())
 }
 
-/// One replica's output state (reset for each life).
-struct ReplicaLog {
-    generation: u64,
-    file: File,
-    path: PathBuf,
-    file_bytes: u64,
-    open_streams: u8,
-    ready: Option<Regex>,
-    tail: Vec<u8>,
-    lines: u64,
-}
-
 struct Stream {
     replica: usize,
     generation: u64,
-    stderr: bool,
+    pipe: Pipe,
     file: File,
+    /// The start of a line whose end has not been read yet (no newline in it).
     partial: Vec<u8>,
 }
 
@@ -229,7 +219,7 @@ struct Pump {
     terminal: Option<TerminalQueue>,
     events: Box<dyn Fn(LogEvent) + Send>,
     last_output: Arc<Vec<AtomicU64>>,
-    replicas: Vec<Option<ReplicaLog>>,
+    replicas: Vec<Option<ReplicaFile>>,
     /// Open pipes by slot (the slot + 1 is its epoll token); `None`: a free slot.
     streams: Vec<Option<Stream>>,
     free_slots: Vec<usize>,
@@ -239,7 +229,6 @@ struct Pump {
     receiver: Receiver<Registration>,
     wake: File,
     buffer: Vec<u8>,
-    out: Vec<u8>,
     /// Failed writes per replica (the first is said on stderr).
     write_failures: Vec<u64>,
 }
@@ -270,7 +259,7 @@ impl Pump {
                     return;
                 }
             };
-            let timestamp = stamp.now();
+            stamp.update();
             for event in &ready[..count] {
                 let token = event.data();
                 if token == WAKE_TOKEN {
@@ -279,23 +268,22 @@ impl Pump {
                     continue;
                 }
                 let slot = (token - 1) as usize;
-                if self.streams.get(slot).is_some_and(Option::is_some)
-                    && !self.drain(slot, timestamp)
+                if self.streams.get(slot).is_some_and(Option::is_some) && !self.drain(slot, &stamp)
                 {
-                    self.close_slot(slot, timestamp);
+                    self.close_slot(slot, &stamp);
                 }
             }
         }
     }
 
-    fn close_slot(&mut self, slot: usize, timestamp: &[u8]) {
+    fn close_slot(&mut self, slot: usize, stamp: &Stamp) {
         let Some(stream) = self.streams[slot].take() else {
             return;
         };
         let _ = self.epoll.delete(&stream.file);
         self.free_slots.push(slot);
         self.open_streams -= 1;
-        self.close_stream(stream, timestamp);
+        self.close_stream(stream, stamp);
     }
 
     /// Takes new registrations; false once the supervisor has hung up.
@@ -321,8 +309,8 @@ impl Pump {
             .or(registration.stem)
             .unwrap_or_else(|| format!("replica-{replica}"));
         let path = self.config.dir.join(format!("{stem}.log"));
-        let file = match open_log(&path) {
-            Ok(file) => file,
+        match ReplicaFile::open(path.clone(), registration.generation, registration.ready) {
+            Ok(file) => self.replicas[replica] = Some(file),
             Err(error) => {
                 eprintln!(
                     "gpuvisor: cannot open the log file {}: {error}",
@@ -330,19 +318,11 @@ impl Pump {
                 );
                 return;
             }
-        };
-        let file_bytes = file.metadata().map(|meta| meta.len()).unwrap_or(0);
-        self.replicas[replica] = Some(ReplicaLog {
-            generation: registration.generation,
-            file,
-            path,
-            file_bytes,
-            open_streams: 2,
-            ready: registration.ready,
-            tail: Vec::new(),
-            lines: 0,
-        });
-        for (fd, stderr) in [(registration.stdout, false), (registration.stderr, true)] {
+        }
+        for (fd, pipe) in [
+            (registration.stdout, Pipe::Stdout),
+            (registration.stderr, Pipe::Stderr),
+        ] {
             let slot = self.free_slots.pop().unwrap_or_else(|| {
                 self.streams.push(None);
                 self.streams.len() - 1
@@ -357,7 +337,7 @@ impl Pump {
             self.streams[slot] = Some(Stream {
                 replica,
                 generation: registration.generation,
-                stderr,
+                pipe,
                 file: File::from(fd),
                 partial: Vec::new(),
             });
@@ -365,7 +345,7 @@ impl Pump {
     }
 
     /// Reads what the stream in `slot` has; false at end of file.
-    fn drain(&mut self, slot: usize, timestamp: &[u8]) -> bool {
+    fn drain(&mut self, slot: usize, stamp: &Stamp) -> bool {
         // Both moved out for the loop, so the read data can be written without copying it
         // first and the stream's state changed while `self` writes.
         let Some(mut stream) = self.streams[slot].take() else {
@@ -381,9 +361,9 @@ impl Pump {
                 }
                 Ok(count) => {
                     if let Some(last) = self.last_output.get(stream.replica) {
-                        last.store(now_unix_ms(), Ordering::Relaxed);
+                        last.store(stamp.unix_ms, Ordering::Relaxed);
                     }
-                    self.take_chunk(&mut stream, &buffer[..count], timestamp);
+                    self.take_chunk(&mut stream, &buffer[..count], stamp);
                     if count < buffer.len() {
                         break;
                     }
@@ -401,80 +381,44 @@ impl Pump {
         open
     }
 
-    /// Writes the complete lines of `fresh` (after what was pending of the stream's last line)
-    /// and keeps the unfinished rest for the next read.
-    fn take_chunk(&mut self, stream: &mut Stream, mut fresh: &[u8], timestamp: &[u8]) {
-        let (replica, stderr) = (stream.replica, stream.stderr);
-        if !stream.partial.is_empty() {
-            match memchr::memchr(b'\n', fresh) {
-                Some(end) => {
-                    stream.partial.extend_from_slice(&fresh[..=end]);
-                    self.write_lines(replica, stderr, &stream.partial, timestamp);
-                    stream.partial.clear(); // keeps its capacity
-                    fresh = &fresh[end + 1..];
-                }
-                None => {
-                    stream.partial.extend_from_slice(fresh);
-                    self.cut_endless_line(stream, timestamp);
-                    return;
-                }
-            }
-        }
+    /// Writes the whole lines of what was pending of the stream's last line and `fresh`
+    /// together, and keeps the unfinished rest for the next read.
+    fn take_chunk(&mut self, stream: &mut Stream, fresh: &[u8], stamp: &Stamp) {
         match memchr::memrchr(b'\n', fresh) {
             Some(end) => {
-                self.write_lines(replica, stderr, &fresh[..=end], timestamp);
-                stream.partial.extend_from_slice(&fresh[end + 1..]);
+                let (lines, rest) = fresh.split_at(end + 1);
+                self.write_lines(stream, lines, stamp);
+                stream.partial.clear(); // keeps its capacity
+                stream.partial.extend_from_slice(rest);
             }
             None => {
                 stream.partial.extend_from_slice(fresh);
-                self.cut_endless_line(stream, timestamp);
-            }
-        }
-    }
-
-    /// A line longer than a read is written in pieces rather than held forever.
-    fn cut_endless_line(&mut self, stream: &mut Stream, timestamp: &[u8]) {
-        if stream.partial.len() >= READ_BYTES {
-            self.write_lines(stream.replica, stream.stderr, &stream.partial, timestamp);
-            stream.partial.clear();
-        }
-    }
-
-    /// Writes complete lines (a final line without `\n` gets one) to the file and the terminal.
-    fn write_lines(&mut self, replica: usize, stderr: bool, data: &[u8], timestamp: &[u8]) {
-        let Some(Some(log)) = self.replicas.get_mut(replica) else {
-            return;
-        };
-        let tag: &[u8] = if stderr { b" E " } else { b" O " };
-        self.out.clear();
-        let mut lines = 0usize;
-        let mut start = 0;
-        let ends = memchr::memchr_iter(b'\n', data).map(|end| end + 1);
-        let last = (!data.ends_with(b"\n")).then_some(data.len());
-        for end in ends.chain(last) {
-            let line = &data[start..end];
-            start = end;
-            self.out.extend_from_slice(timestamp);
-            self.out.extend_from_slice(tag);
-            self.out.extend_from_slice(line);
-            if !line.ends_with(b"\n") {
-                self.out.push(b'\n');
-            }
-            lines += 1;
-            if let Some(pattern) = &log.ready {
-                // Without its line ending, so `ready$` means what it says.
-                let text = line.strip_suffix(b"\n").unwrap_or(line);
-                if pattern.is_match(text.strip_suffix(b"\r").unwrap_or(text)) {
-                    log.ready = None;
-                    (self.events)(LogEvent::Ready {
-                        replica,
-                        generation: log.generation,
-                    });
+                // A line longer than a read is written in pieces rather than held forever.
+                if stream.partial.len() >= READ_BYTES {
+                    self.write_lines(stream, b"", stamp);
+                    stream.partial.clear();
                 }
             }
         }
-        log.lines += lines as u64;
-        if let Err(error) = log.file.write_all(&self.out) {
+    }
+
+    /// Writes `stream.partial` then `fresh` (together whole lines; a final line without `\n`
+    /// gets one) to the file and the terminal.
+    fn write_lines(&mut self, stream: &Stream, fresh: &[u8], stamp: &Stamp) {
+        let replica = stream.replica;
+        let Some(Some(log)) = self.replicas.get_mut(replica) else {
+            return;
+        };
+        let carried = stream.partial.as_slice();
+        let limits = (self.config.max_file_bytes, self.config.keep_rotated);
+        let written = log.write_lines(stream.pipe, carried, fresh, &stamp.text, limits);
+        if written.ready {
+            (self.events)(LogEvent::Ready {
+                replica,
+                generation: log.generation,
+            });
+        }
+        if let Some(error) = written.error {
             // Once per replica and run, not per read nor per life: a full disk under fast
             // restarts would otherwise print a line for each.
             if self.write_failures.len() <= replica {
@@ -489,41 +433,20 @@ impl Pump {
                 );
             }
         }
-        log.file_bytes += self.out.len() as u64;
-        if data.len() >= TAIL_KEEP_BYTES {
-            log.tail.clear();
-            log.tail
-                .extend_from_slice(&data[data.len() - TAIL_KEEP_BYTES..]);
-        } else {
-            log.tail.extend_from_slice(data);
-            if log.tail.len() > 2 * TAIL_KEEP_BYTES {
-                log.tail.drain(..log.tail.len() - TAIL_KEEP_BYTES);
-            }
-        }
-        // An unterminated last line (a stream's end) is ended here too, so the other stream's
-        // next line does not run on from it in the exit-cause tail.
-        if !data.ends_with(b"\n") {
-            log.tail.push(b'\n');
-        }
-        if log.file_bytes > self.config.max_file_bytes {
-            rotate(log, self.config.keep_rotated);
-        }
         let known = replica < self.file_stems.len();
         if let Some(terminal) = self.terminal.as_ref().filter(|_| known) {
-            if data.ends_with(b"\n") {
-                terminal.push(replica, lines, data);
-            } else {
-                let mut owned = data.to_vec();
-                owned.push(b'\n');
-                terminal.push(replica, lines, &owned);
-            }
+            // Counted here only: without a terminal, lines are never counted one by one.
+            let ends_line = fresh.last().or(carried.last()) == Some(&b'\n');
+            let lines = memchr::memchr_iter(b'\n', fresh).count() + usize::from(!ends_line);
+            let newline: &[u8] = if ends_line { b"" } else { b"\n" };
+            terminal.push(replica, lines, &[carried, fresh, newline]);
         }
     }
 
-    fn close_stream(&mut self, mut stream: Stream, timestamp: &[u8]) {
-        let partial = std::mem::take(&mut stream.partial);
-        if !partial.is_empty() {
-            self.write_lines(stream.replica, stream.stderr, &partial, timestamp);
+    fn close_stream(&mut self, mut stream: Stream, stamp: &Stamp) {
+        if !stream.partial.is_empty() {
+            self.write_lines(&stream, b"", stamp);
+            stream.partial.clear();
         }
         let Some(slot) = self.replicas.get_mut(stream.replica) else {
             return;
@@ -545,13 +468,12 @@ impl Pump {
                 replica: stream.replica,
                 generation: log.generation,
                 tail,
-                lines: log.lines,
             });
         }
     }
 }
 
-/// The timestamp of the lines read in one wake-up, formatted once per millisecond.
+/// The time of the lines read in one wake-up, formatted once per millisecond.
 #[derive(Default)]
 struct Stamp {
     unix_ms: u64,
@@ -559,42 +481,12 @@ struct Stamp {
 }
 
 impl Stamp {
-    fn now(&mut self) -> &[u8] {
+    fn update(&mut self) {
         let unix_ms = now_unix_ms();
         if unix_ms != self.unix_ms || self.text.is_empty() {
             self.unix_ms = unix_ms;
             self.text = rfc3339_ms(unix_ms);
         }
-        self.text.as_bytes()
-    }
-}
-
-fn open_log(path: &std::path::Path) -> io::Result<File> {
-    OpenOptions::new()
-        .create(true)
-        .append(true)
-        .mode(0o600)
-        .open(path)
-}
-
-/// `x.log` -> `x.log.1`, `x.log.1` -> `x.log.2`, ...; the oldest beyond `keep` is removed.
-fn rotate(log: &mut ReplicaLog, keep: u32) {
-    let numbered = |n: u32| PathBuf::from(format!("{}.{n}", log.path.display()));
-    if keep == 0 {
-        let _ = fs::remove_file(&log.path);
-    } else {
-        let _ = fs::remove_file(numbered(keep));
-        for n in (1..keep).rev() {
-            let _ = fs::rename(numbered(n), numbered(n + 1));
-        }
-        let _ = fs::rename(&log.path, numbered(1));
-    }
-    match open_log(&log.path) {
-        Ok(file) => {
-            log.file = file;
-            log.file_bytes = 0;
-        }
-        Err(error) => eprintln!("gpuvisor: cannot reopen {}: {error}", log.path.display()),
     }
 }
 

@@ -2,6 +2,8 @@
 //! the simulator's stall line) and what a `py-spy dump --native` says a thread waits for.
 //! Pure functions over text, shared by the stall classifier, exit causes and `explain RUN`.
 
+use gpuvisor_record::log_file::LineReader;
+
 use crate::stall_class::StallCause;
 
 /// What the replica's log says about a hang.
@@ -51,15 +53,20 @@ pub fn timeout_kind(line: &str) -> Option<StallCause> {
 /// stalling `KERNEL` (...) for SECONDS s until unix ms UNIX_MS (GPUVISOR_SIM_STALL)`.
 const SIM_STALL_PREFIX: &str = "gpuvisor-sim: stalling `";
 
-/// Scans a log's tail for hang lines; a simulated stall counts while `now_unix_ms` is before
-/// its release.
+/// Scans a log's tail (a replica's log file, either format, read through the record's one
+/// parser of them; or plain text) for hang lines; a simulated stall counts while `now_unix_ms`
+/// is before its release.
 pub fn scan_log(text: &str, now_unix_ms: u64) -> LogSignals {
     let mut signals = LogSignals::default();
-    for line in text.lines() {
-        let trimmed = strip_timestamp(line);
+    let mut reader = LineReader::new();
+    for raw in text.lines() {
+        let Some(line) = reader.read(raw) else {
+            continue; // a marker line
+        };
+        let line = line.text;
         match timeout_kind(line) {
-            Some(StallCause::Collective) => signals.collective_timeout = Some(clip(trimmed)),
-            Some(StallCause::Peers) => signals.peer_timeout = Some(clip(trimmed)),
+            Some(StallCause::Collective) => signals.collective_timeout = Some(clip(line)),
+            Some(StallCause::Peers) => signals.peer_timeout = Some(clip(line)),
             None => {}
         }
         if let Some(at) = line.find(SIM_STALL_PREFIX) {
@@ -75,15 +82,6 @@ pub fn scan_log(text: &str, now_unix_ms: u64) -> LogSignals {
         }
     }
     signals
-}
-
-/// A log line without the supervisor's `2026-11-21T23:25:16.123Z E ` prefix.
-fn strip_timestamp(line: &str) -> &str {
-    let mut words = line.splitn(3, ' ');
-    match (words.next(), words.next(), words.next()) {
-        (Some(time), Some("O" | "E"), Some(rest)) if time.ends_with('Z') => rest,
-        _ => line,
-    }
 }
 
 fn clip(line: &str) -> String {

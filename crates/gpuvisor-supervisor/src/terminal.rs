@@ -41,9 +41,9 @@ pub struct TerminalWriter {
 }
 
 impl TerminalQueue {
-    /// Queues `bytes` (complete lines, `lines` of them) of `replica`; when the queue is full,
-    /// drops the oldest queued chunks to make room. Never blocks on the terminal.
-    pub fn push(&self, replica: usize, lines: usize, bytes: &[u8]) {
+    /// Queues `parts` (together complete lines, `lines` of them) of `replica`; when the queue
+    /// is full, drops the oldest queued chunks to make room. Never blocks on the terminal.
+    pub fn push(&self, replica: usize, lines: usize, parts: &[&[u8]]) {
         let (lock, ready) = &*self.shared;
         let mut queue = lock.lock().unwrap_or_else(|poison| poison.into_inner());
         while queue.lines + lines > self.capacity_lines {
@@ -60,7 +60,7 @@ impl TerminalQueue {
         queue.lines += lines;
         queue.chunks.push_back(Chunk {
             replica,
-            bytes: bytes.to_vec(),
+            bytes: parts.concat(),
         });
         ready.notify_one();
     }
@@ -209,11 +209,11 @@ mod tests {
             shared: Arc::new((Mutex::new(Queue::default()), Condvar::new())),
             capacity_lines: 3,
         };
-        queue.push(0, 2, b"a\nb\n");
-        queue.push(1, 2, b"c\nd\n");
+        queue.push(0, 2, &[b"a\n", b"b\n"]);
+        queue.push(1, 2, &[b"c\nd\n"]);
         // Replica 0's older chunk made room for replica 1's; then 1's for the newest line.
         assert_eq!(queue.dropped(), vec![2]);
-        queue.push(0, 2, b"e\nf\n");
+        queue.push(0, 2, &[b"e\nf", b"\n"]);
         assert_eq!(queue.dropped(), vec![2, 2]);
         let state = queue.shared.0.lock().unwrap();
         assert_eq!(state.lines, 2);

@@ -2,9 +2,10 @@
 //! order, each line behind its `name[replica] |` prefix as `run` prints them; with `-f`, new
 //! lines as they come until the run ends (a finished run is printed and `-f` returns).
 //!
-//! Each log line starts with its RFC 3339 time and the stream (`O` or `E`), so lines of
-//! different replicas sort by that; a line without it keeps the time of the line before.
-//! The current log files only: rotated ones (`NAME.log.1`, ...) are not merged.
+//! Each log line has its RFC 3339 time (read through the record's one parser of the log
+//! files, [`gpuvisor_record::log_file`], either format), so lines of different replicas sort
+//! by that; a line without one keeps the time of the line before. The current log files
+//! only: rotated ones (`NAME.log.1`, ...) are not merged.
 
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom, Write};
@@ -13,6 +14,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use gpuvisor_observe::top::record::{log_path, parse_plan, PlannedReplica};
+use gpuvisor_record::log_file::LineReader;
 use gpuvisor_supervisor::clock::{now_unix_ms, rfc3339_ms};
 use gpuvisor_supervisor::rundir::socket_path;
 
@@ -30,6 +32,8 @@ struct Source {
     offset: u64,
     /// The end of the file after its last newline: a line still being written.
     partial: Vec<u8>,
+    /// What the file's marker lines said so far.
+    reader: LineReader,
     /// The time of the last line read (for lines without one).
     last_time: String,
 }
@@ -83,6 +87,7 @@ pub(crate) fn show(
             )),
             offset: 0,
             partial: Vec::new(),
+            reader: LineReader::new(),
             last_time: String::new(),
         })
         .collect();
@@ -91,6 +96,7 @@ pub(crate) fn show(
         path,
         offset: 0,
         partial: Vec::new(),
+        reader: LineReader::new(),
         last_time: String::new(),
     }));
     let mut first = read_new(&mut sources);
@@ -162,6 +168,7 @@ fn read_new(sources: &mut [Source]) -> Vec<Line> {
             // Rotated: the file starts again.
             source.offset = 0;
             source.partial.clear();
+            source.reader = LineReader::new();
         }
         if file.seek(SeekFrom::Start(source.offset)).is_err() {
             continue;
@@ -177,35 +184,28 @@ fn read_new(sources: &mut [Source]) -> Vec<Line> {
         };
         let complete: Vec<u8> = source.partial.drain(..=end).collect();
         for raw in String::from_utf8_lossy(&complete).lines() {
-            let (time, text) = split_line(raw);
-            match time {
-                Some(time) => source.last_time = time.to_string(),
+            let Some(line) = source.reader.read(raw) else {
+                continue; // a marker line
+            };
+            match line.stamp {
                 // A console line: it sorts where it was read.
-                None if source.label.is_empty() => source.last_time = now.clone(),
-                None => {}
+                "" if source.label.is_empty() => source.last_time.clone_from(&now),
+                "" => {}
+                stamp => {
+                    source.last_time.clear();
+                    source.last_time.push_str(stamp);
+                }
             }
             lines.push((
                 source.last_time.clone(),
                 lines.len(),
                 index,
-                text.to_string(),
+                line.text.to_string(),
             ));
         }
     }
     lines.sort();
     lines
-}
-
-/// `2026-11-21T23:25:16.123Z O text` -> (time, text); other lines as they are.
-fn split_line(line: &str) -> (Option<&str>, &str) {
-    let stamped = line.len() >= 27
-        && line.as_bytes()[10] == b'T'
-        && line.as_bytes()[23] == b'Z'
-        && matches!(&line[24..27], " O " | " E ");
-    match stamped {
-        true => (Some(&line[..24]), &line[27..]),
-        false => (None, line),
-    }
 }
 
 /// Prints the lines; false when stdout is gone (a closed pipe: `logs | head`).
@@ -223,25 +223,4 @@ fn print(sources: &[Source], lines: Vec<Line>) -> bool {
     out.write_all(text.as_bytes())
         .and_then(|()| out.flush())
         .is_ok()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::split_line;
-
-    #[test]
-    fn a_log_line_gives_its_time_and_text() {
-        assert_eq!(
-            split_line("2026-11-21T23:25:16.123Z O step 1"),
-            (Some("2026-11-21T23:25:16.123Z"), "step 1")
-        );
-        assert_eq!(
-            split_line("2026-11-21T23:25:16.123Z E "),
-            (Some("2026-11-21T23:25:16.123Z"), "")
-        );
-        assert_eq!(
-            split_line("[gpuvisor: 3 lines dropped]"),
-            (None, "[gpuvisor: 3 lines dropped]")
-        );
-    }
 }

@@ -239,10 +239,11 @@ fn plan_env_is_the_environment_a_replica_really_gets() {
         assert_eq!(plan.code, Some(0), "{}", plan.stderr);
         let planned = planned_env(&plan.stdout);
         let log = fs::read_to_string(run_dir.join("logs").join(log)).unwrap();
-        // Each log line is `TIME O NAME=VALUE`.
-        let real: std::collections::BTreeMap<&str, &str> = log
-            .lines()
-            .filter_map(|line| line.splitn(3, ' ').nth(2)?.split_once('='))
+        // Each line the replica wrote is `NAME=VALUE`.
+        let lines = gpuvisor_record::log_file::parse(&log);
+        let real: std::collections::BTreeMap<&str, &str> = lines
+            .iter()
+            .filter_map(|line| line.text.split_once('='))
             .collect();
         for (name, value) in &planned {
             let got = real.get(name.as_str()).copied();

@@ -8,6 +8,7 @@ use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::harness::wait_until;
+use gpuvisor_record::log_file;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use serde_json::{Map, Value};
@@ -68,6 +69,14 @@ fn start_run(dir: &Path, job: &Path, extra: &[&str]) -> Running {
 fn finish(mut running: Running) -> Run {
     let child = running.0.take().expect("running");
     child.wait_with_output().unwrap().into()
+}
+
+/// The child's stdout lines in a log file's text, through the record's parser of the format.
+fn stdout_lines(log: &str) -> impl Iterator<Item = String> {
+    log_file::parse(log)
+        .into_iter()
+        .filter(|line| !line.stderr)
+        .map(|line| line.text)
 }
 
 fn events(dir: &Path) -> Vec<Map<String, Value>> {
@@ -199,7 +208,7 @@ grace = "60s"
     // machine a signal can otherwise arrive before `trap` ran.
     let armed = |name: &str| {
         std::fs::read_to_string(dir.path().join(format!("run/logs/{name}.log")))
-            .is_ok_and(|log| log.contains(" armed"))
+            .is_ok_and(|log| stdout_lines(&log).any(|line| line == "armed"))
     };
     wait_until(Duration::from_secs(20), "both replicas armed", || {
         armed("polite") && armed("stubborn")
@@ -236,7 +245,7 @@ grace = "60s"
         run.stderr
     );
     let log = std::fs::read_to_string(dir.path().join("run/logs/polite.log")).unwrap();
-    assert!(log.contains(" O bye"), "{log}");
+    assert!(stdout_lines(&log).any(|line| line == "bye"), "{log}");
 }
 
 #[test]
@@ -335,8 +344,8 @@ device = "cpu"
     assert_eq!(run.code, Some(0), "{}", run.stderr);
     let log = std::fs::read_to_string(dir.path().join("run/logs/chatty.log")).unwrap();
     let mut expected = 1u64;
-    for line in log.lines() {
-        assert_eq!(line[27..].parse::<u64>().unwrap(), expected);
+    for line in stdout_lines(&log) {
+        assert_eq!(line.parse::<u64>().unwrap(), expected);
         expected += 1;
     }
     assert_eq!(expected, 1_000_001);
@@ -632,7 +641,7 @@ fn a_slow_terminal_drops_lines_there_but_never_slows_the_job_or_the_files() {
     }
     assert_eq!(last, 300_000, "the last line reaches the terminal");
     let log = std::fs::read_to_string(dir.path().join("run/logs/chatty.log")).unwrap();
-    assert_eq!(log.lines().count(), 300_000);
+    assert_eq!(log_file::parse(&log).len(), 300_000);
 }
 
 #[test]
@@ -873,6 +882,23 @@ device = "cpu"
     assert_eq!(
         String::from_utf8_lossy(&tail.stdout),
         "actor[1] | actor step 2\nactor[1] | actor step 3\n"
+    );
+}
+
+#[test]
+fn logs_reads_a_run_recorded_before_format_2_as_before() {
+    // The recorded fixture's log files have a stamp on every line (log file format 1).
+    let tail = gpuvisor()
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .args(["logs", "tests/fixtures/run-chain", "actor[0]", "-n", "2"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&tail.stdout),
+        "actor[0] | 20984 alloc 268435456 rc=0\n\
+         actor[0] | ConnectionResetError: [Errno 104] Connection reset by peer\n",
+        "{}",
+        String::from_utf8_lossy(&tail.stderr)
     );
 }
 

@@ -25,12 +25,11 @@ fn gpuvisor() -> &'static str {
 
 /// The JSON lines a replica printed (its log lines are `TIME O TEXT`).
 fn json_lines(log: &Path) -> Vec<Value> {
-    std::fs::read_to_string(log)
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|line| line.split_once(" O ").map(|(_, text)| text))
-        .filter(|text| text.starts_with('{'))
-        .filter_map(|text| serde_json::from_str(text).ok())
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    gpuvisor_record::log_file::parse(&text)
+        .into_iter()
+        .filter(|line| !line.stderr && line.text.starts_with('{'))
+        .filter_map(|line| serde_json::from_str(&line.text).ok())
         .collect()
 }
 

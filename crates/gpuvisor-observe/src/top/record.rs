@@ -9,7 +9,7 @@ use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::Path;
 
-use gpuvisor_record::{label, Event, EventLine as RecordLine, PlanRecord};
+use gpuvisor_record::{label, log_file, Event, EventLine as RecordLine, PlanRecord};
 use serde_json::Value;
 
 use super::model::{EventLine, LogLine, ProcessRow, Tone};
@@ -479,27 +479,28 @@ fn clock_of(rfc3339: &str) -> String {
     }
 }
 
-/// The lines of a supervisor log's text: `2026-11-21T23:25:16.123Z O text` (`E` for stderr);
-/// lines without that prefix are shown as they are.
+/// The lines of a replica's log file's text for the screen: the time of day and the stream,
+/// through the record's one parser of the log files (either format); lines gpuvisor did not
+/// date are shown as they are, without a time.
 pub fn parse_log_lines(text: &str) -> Vec<LogLine> {
-    text.lines()
-        .map(|line| {
-            let time = clock_of(line);
-            let rest = line.split_once(' ').map(|(_, rest)| rest);
-            match rest.and_then(|rest| rest.split_at_checked(2)) {
-                Some((stream @ ("O " | "E "), text)) if !time.is_empty() => LogLine {
-                    time,
-                    stderr: stream == "E ",
-                    text: text.to_string(),
-                },
-                _ => LogLine {
-                    time: String::new(),
-                    stderr: false,
-                    text: line.to_string(),
-                },
-            }
-        })
-        .collect()
+    log_file::parse(text).into_iter().map(screen_line).collect()
+}
+
+/// The last lines in the last `max_bytes` of a replica's log file, for the screen (each dated
+/// by the marker above it, also when that marker is above the bytes read).
+pub fn read_log_tail(path: &Path, max_bytes: u64) -> std::io::Result<Vec<LogLine>> {
+    Ok(log_file::read_tail(path, max_bytes)?
+        .into_iter()
+        .map(screen_line)
+        .collect())
+}
+
+fn screen_line(line: log_file::LogLine) -> LogLine {
+    LogLine {
+        time: clock_of(&line.stamp),
+        stderr: line.stderr,
+        text: line.text,
+    }
 }
 
 /// The last `max_bytes` of a file as text, starting at a line boundary (the first, partial

@@ -20,7 +20,7 @@ use super::app::Action;
 use super::model::{GpuView, Segment, TopModel, UTIL_HISTORY_LEN};
 use super::procfs::ProcStats;
 use super::record::{
-    event_lines, log_path, merge_sample, parse_events, parse_log_lines, parse_plan, read_tail,
+    event_lines, log_path, merge_sample, parse_events, parse_plan, read_log_tail, read_tail,
     rows_from_events, rows_from_ps, torn_tail, PlanInfo, TAIL_BYTES,
 };
 
@@ -303,9 +303,8 @@ impl TopSource for RunSource {
         match selected {
             Some(planned) => {
                 let relative = log_path(&planned.process, planned.replica, planned.replicas);
-                match read_tail(&self.run.join(&relative), TAIL_BYTES) {
-                    Ok(text) => {
-                        let mut lines = parse_log_lines(&text);
+                match read_log_tail(&self.run.join(&relative), TAIL_BYTES) {
+                    Ok(mut lines) => {
                         lines.drain(..lines.len().saturating_sub(LOG_LINES_KEPT));
                         model.log_tail = lines;
                         model.log_title = relative;

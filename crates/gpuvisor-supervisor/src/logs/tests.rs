@@ -4,7 +4,14 @@ use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
+use gpuvisor_record::log_file::{self, LogLine};
+
 use super::*;
+
+/// The child's lines in a log file, through the one parser of the format.
+fn read_log(path: &std::path::Path) -> Vec<LogLine> {
+    log_file::parse(&std::fs::read_to_string(path).unwrap_or_default())
+}
 
 fn pump(dir: &std::path::Path, max_file_bytes: u64) -> (LogPump, mpsc::Receiver<LogEvent>) {
     let (sender, receiver) = mpsc::channel();
@@ -45,13 +52,13 @@ fn start(pump: &LogPump, replica: usize, script: &str, ready: Option<&str>) {
     std::thread::spawn(move || child.wait());
 }
 
-fn closed(receiver: &mpsc::Receiver<LogEvent>) -> (Vec<String>, u64) {
+fn closed(receiver: &mpsc::Receiver<LogEvent>) -> Vec<String> {
     loop {
         match receiver
             .recv_timeout(Duration::from_secs(60))
             .expect("a Closed event")
         {
-            LogEvent::Closed { tail, lines, .. } => return (tail, lines),
+            LogEvent::Closed { tail, .. } => return tail,
             LogEvent::Ready { .. } => continue,
         }
     }
@@ -67,26 +74,26 @@ fn every_line_of_a_fast_writer_reaches_the_file_in_order() {
         "seq 1 300000; echo oops >&2; printf 'no newline'",
         None,
     );
-    let (tail, lines) = closed(&events);
+    let tail = closed(&events);
     pump.finish();
-    assert_eq!(lines, 300_002);
     let text = std::fs::read_to_string(dir.path().join("writer.log")).unwrap();
+    let lines = log_file::parse(&text);
+    assert_eq!(lines.len(), 300_002);
     let mut numbers = 0u64;
-    for line in text.lines() {
-        let (stamp, rest) = line.split_at(24);
-        assert!(stamp.ends_with('Z'), "{line}");
-        if let Some(number) = rest.strip_prefix(" O ").and_then(|n| n.parse::<u64>().ok()) {
+    for line in &lines {
+        assert!(line.stamp.ends_with('Z'), "{line:?}");
+        if let Some(number) = line.text.parse::<u64>().ok().filter(|_| !line.stderr) {
             numbers += 1;
             assert_eq!(number, numbers, "lines out of order or lost");
         }
     }
     assert_eq!(numbers, 300_000);
-    assert!(text.contains(" E oops\n"));
+    assert!(lines.iter().any(|line| line.stderr && line.text == "oops"));
     // Order holds per stream: stdout's unterminated last line is its last line, while
     // stderr's `oops` may land before or after it (two pipes, read as each is ready).
-    let last_out = text.lines().rfind(|line| line[24..].starts_with(" O "));
+    let last_out = lines.iter().rfind(|line| !line.stderr);
     assert!(
-        last_out.is_some_and(|line| line.ends_with(" O no newline")),
+        last_out.is_some_and(|line| line.text == "no newline"),
         "{last_out:?}"
     );
     assert!(
@@ -109,7 +116,7 @@ fn a_stream_s_unterminated_last_line_stays_its_own_line_in_the_tail() {
         "printf 'no newline'; exec 1>&-; sleep 0.2; echo oops >&2",
         None,
     );
-    let (tail, _) = closed(&events);
+    let tail = closed(&events);
     pump.finish();
     assert_eq!(tail[tail.len().saturating_sub(2)..], ["no newline", "oops"]);
 }
@@ -142,7 +149,7 @@ fn a_readiness_line_is_reported_once() {
 fn files_rotate_by_size_and_keep_every_line() {
     let dir = tempfile::tempdir().unwrap();
     let (pump, events) = pump(dir.path(), 200_000);
-    start(&pump, 0, "seq 1 40000", None);
+    start(&pump, 0, "seq 1 200000", None);
     closed(&events);
     pump.finish();
     assert!(
@@ -156,15 +163,23 @@ fn files_rotate_by_size_and_keep_every_line() {
     // Oldest first, what is kept is one unbroken run of lines ending with the last one.
     let mut numbers = Vec::new();
     for name in ["writer.log.2", "writer.log.1", "writer.log"] {
-        let text = std::fs::read_to_string(dir.path().join(name)).unwrap_or_default();
-        numbers.extend(text.lines().map(|line| line[27..].parse::<u64>().unwrap()));
+        let path = dir.path().join(name);
+        let text = std::fs::read(&path).unwrap_or_default();
+        assert!(
+            text.is_empty() || text.starts_with(log_file::HEADER),
+            "{name} starts with its own header and marker"
+        );
+        numbers.extend(read_log(&path).iter().map(|line| {
+            assert!(!line.stamp.is_empty(), "{name}: {line:?}");
+            line.text.parse::<u64>().unwrap()
+        }));
     }
-    assert_eq!(numbers.last(), Some(&40_000));
+    assert_eq!(numbers.last(), Some(&200_000));
     assert!(
         numbers.windows(2).all(|pair| pair[1] == pair[0] + 1),
         "a line went missing"
     );
-    assert!(numbers.len() < 40_000, "the oldest file was dropped");
+    assert!(numbers.len() < 200_000, "the oldest file was dropped");
 }
 
 #[test]
@@ -179,19 +194,21 @@ fn an_endless_line_is_written_in_pieces_and_nothing_is_lost() {
     );
     closed(&events);
     pump.finish();
-    let text = std::fs::read_to_string(dir.path().join("writer.log")).unwrap();
-    let xs: usize = text
-        .lines()
-        .map(|line| line[27..].bytes().filter(|&b| b == b'x').count())
+    let lines = read_log(&dir.path().join("writer.log"));
+    let xs: usize = lines
+        .iter()
+        .map(|line| line.text.bytes().filter(|&b| b == b'x').count())
         .sum();
     assert_eq!(xs, 200_000);
-    assert!(text.lines().count() >= 3, "cut at least once");
-    assert!(text.ends_with(" O after\n"));
+    assert!(lines.len() >= 3, "cut at least once");
+    assert_eq!(lines.last().map(|line| line.text.as_str()), Some("after"));
 }
 
 /// What child `child` writes as line `number` of `stream` (`O` or `E`): its own name, then
 /// letters up to a length from a fixed sequence; every 40th line is longer than a pipe's
-/// buffer (64 KiB) and than the pump's reads. The `awk` in [`MIXED_WRITER`] makes the same.
+/// buffer (64 KiB) and than the pump's reads; every 7th starts with the byte that starts the
+/// file's marker lines (0x1e), which the file must escape. The `awk` in [`MIXED_WRITER`]
+/// makes the same.
 fn mixed_line(child: usize, stream: char, number: usize) -> String {
     let length = if number % 40 == 0 {
         70_000 + number
@@ -200,7 +217,8 @@ fn mixed_line(child: usize, stream: char, number: usize) -> String {
     };
     let alphabet = "abcdefghijklmnopqrstuvwxyz";
     let filler: String = alphabet.chars().cycle().take(length).collect();
-    format!("{child}:{stream}:{number}:{filler}")
+    let mark = if number % 7 == 0 { "\x1e" } else { "" };
+    format!("{mark}{child}:{stream}:{number}:{filler}")
 }
 
 const MIXED_LINES: usize = 160;
@@ -208,11 +226,12 @@ const MIXED_LINES: usize = 160;
 /// Writes lines 1..=MIXED_LINES to stdout, every third also to stderr, then one more line on
 /// each stream without its newline, and exits.
 const MIXED_WRITER: &str = r#"awk -v child="$1" -v count="$2" '
-function mixed(stream, number,   length_, filler) {
+function mixed(stream, number,   length_, filler, mark) {
     length_ = (number % 40 == 0) ? 70000 + number : (number * 7919) % 300
     filler = "abcdefghijklmnopqrstuvwxyz"
     while (length(filler) < length_) filler = filler filler
-    return child ":" stream ":" number ":" substr(filler, 1, length_)
+    mark = (number % 7 == 0) ? sprintf("%c", 30) : ""
+    return mark child ":" stream ":" number ":" substr(filler, 1, length_)
 }
 BEGIN {
     for (number = 1; number <= count; number++) {
@@ -223,14 +242,12 @@ BEGIN {
     printf "%s", mixed("E", count + 1) > "/dev/stderr"
 }'"#;
 
-/// The text of every line of `stream` in a log file, in file order (stamp and tag removed).
-fn stream_lines(text: &str, stream: char) -> Vec<&str> {
-    let tag = format!(" {stream} ");
-    text.lines()
-        .filter_map(|line| {
-            let at = line.find(' ')?;
-            line[at..].strip_prefix(&tag)
-        })
+/// The text of every line of `stream` in a log file's lines, in file order.
+fn stream_lines(lines: &[LogLine], stream: char) -> Vec<&str> {
+    lines
+        .iter()
+        .filter(|line| line.stderr == (stream == 'E'))
+        .map(|line| line.text.as_str())
         .collect()
 }
 
@@ -264,7 +281,7 @@ fn sixty_four_children_of_mixed_line_lengths_lose_no_byte_and_keep_order() {
     }
     pump.finish();
     for child in 0..children {
-        let text = std::fs::read_to_string(dir.path().join(format!("mixed.{child}.log"))).unwrap();
+        let text = read_log(&dir.path().join(format!("mixed.{child}.log")));
         for stream in ['O', 'E'] {
             let numbers = (1..=MIXED_LINES + 1)
                 .filter(|n| stream == 'O' || n % 3 == 0 || *n == MIXED_LINES + 1);
@@ -272,10 +289,17 @@ fn sixty_four_children_of_mixed_line_lengths_lose_no_byte_and_keep_order() {
             let written = stream_lines(&text, stream);
             // A line longer than a read is written in pieces: the pieces, joined, are the
             // line, and every line the child wrote starts a line of the file.
-            assert_eq!(
-                written.concat(),
-                expected.concat(),
-                "child {child}, stream {stream}: bytes lost, added or out of order"
+            let (written_bytes, expected_bytes) = (written.concat(), expected.concat());
+            let first_difference = written_bytes
+                .bytes()
+                .zip(expected_bytes.bytes())
+                .position(|(got, wanted)| got != wanted);
+            assert!(
+                written_bytes == expected_bytes,
+                "child {child}, stream {stream}: bytes lost, added or out of order ({} bytes \
+                 written, {} expected, first difference at {first_difference:?})",
+                written_bytes.len(),
+                expected_bytes.len()
             );
             let mut starts = std::collections::HashSet::new();
             let mut at = 0;

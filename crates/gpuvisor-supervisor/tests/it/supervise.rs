@@ -179,7 +179,13 @@ fn a_replica_starts_with_no_signal_blocked() {
     let (outcome, events) = run_job(vec![probe], &run);
     assert_eq!(outcome.status, 0, "{events:#?}");
     let log = std::fs::read_to_string(run.logs_path().join("probe.log")).unwrap();
-    assert!(log.contains(" O SigBlk:\t0000000000000000\n"), "{log}");
+    let lines = gpuvisor_record::log_file::parse(&log);
+    assert!(
+        lines
+            .iter()
+            .any(|line| !line.stderr && line.text == "SigBlk:\t0000000000000000"),
+        "{log}"
+    );
 }
 
 #[test]
@@ -230,7 +236,11 @@ fn a_stop_is_graceful_in_reverse_order_and_forced_after_the_grace_period() {
     );
     assert_eq!(all(&events, "exit", "polite")[0]["code"], 0);
     let log = std::fs::read_to_string(run.logs_path().join("polite.log")).unwrap();
-    assert!(log.contains(" O bye\n"), "{log}");
+    let lines = gpuvisor_record::log_file::parse(&log);
+    assert!(
+        lines.iter().any(|line| !line.stderr && line.text == "bye"),
+        "{log}"
+    );
 }
 
 #[test]

@@ -222,6 +222,25 @@ fn log_lines_lose_the_date_and_keep_the_stream() {
 }
 
 #[test]
+fn format_2_log_lines_take_the_time_and_stream_of_their_marker() {
+    let lines = parse_log_lines(
+        "\x1egpuvisor-log 2\n\x1e2026-11-21T23:25:16.123Z O\nstep 1\nstep 2\n\x1e2026-11-21T23:25:17.000Z E\nboom\n",
+    );
+    let seen: Vec<(&str, bool, &str)> = lines
+        .iter()
+        .map(|line| (line.time.as_str(), line.stderr, line.text.as_str()))
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            ("23:25:16", false, "step 1"),
+            ("23:25:16", false, "step 2"),
+            ("23:25:17", true, "boom")
+        ]
+    );
+}
+
+#[test]
 fn a_tail_starts_at_a_line_boundary() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("big.log");
