@@ -1,7 +1,8 @@
 //! Starting replicas and reaping them, each in one place.
 //!
 //! Every replica runs in a new process group behind a keeper (see [`crate::keeper`]), started
-//! with posix_spawn; the keeper sets its own parent-death signal. Without a keeper (tests), the
+//! with posix_spawn; the keeper sets its own parent-death signal, and the dynamic loader's
+//! variables of the launch reach only the command (see [`LOADER_VARIABLES`]). Without a keeper (tests), the
 //! command itself gets setpgid, `PR_SET_PDEATHSIG = SIGKILL` and a clean signal state in the
 //! child before exec. Stdout and stderr are pipes read by the log pump; stdin is /dev/null.
 //!
@@ -92,6 +93,11 @@ impl Spawner {
         };
         for (name, value) in &launch.env {
             match value {
+                Some(value) if self.keeper.is_some() && LOADER_VARIABLES.contains(&&**name) => {
+                    command
+                        .env_remove(name)
+                        .env(format!("{HANDED_ON}{name}"), value)
+                }
                 Some(value) => command.env(name, value),
                 None => command.env_remove(name),
             };
@@ -132,9 +138,17 @@ impl Spawner {
     }
 }
 
+/// The dynamic loader's variables: a launch's are handed to the keeper as
+/// `GPUVISOR_KEEPER_NAME` and set by it for the command only. The keeper needs no preloaded
+/// library, and loading the shim and the simulator (preloaded into every replica with
+/// `--simulate`) was a fifth of each keeper's start-up.
+pub(crate) const LOADER_VARIABLES: [&str; 2] = ["LD_PRELOAD", "LD_LIBRARY_PATH"];
+/// The prefix of a variable the keeper hands on (see [`LOADER_VARIABLES`]).
+pub(crate) const HANDED_ON: &str = "GPUVISOR_KEEPER_";
+
 /// Signals a replica must feel at their default action: a shell that started gpuvisor in the
 /// background ignores SIGINT and SIGQUIT, and ignored signals survive exec.
-const RESET_SIGNALS: [Signal; 6] = [
+pub(crate) const RESET_SIGNALS: [Signal; 6] = [
     Signal::SIGINT,
     Signal::SIGQUIT,
     Signal::SIGTERM,

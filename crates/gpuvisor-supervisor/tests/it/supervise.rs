@@ -183,6 +183,29 @@ fn a_replica_starts_with_no_signal_blocked() {
 }
 
 #[test]
+fn the_loaders_variables_reach_the_command_but_not_its_keeper() {
+    // The keeper needs no preloaded library: it gets the launch's LD_* variables under
+    // another name and sets them for the command alone.
+    let _guard = exclusive();
+    let (_dir, run) = run_dir();
+    let script = "echo \"command: $LD_LIBRARY_PATH\"; tr '\\0' '\\n' < /proc/$PPID/environ | grep LD_LIBRARY_PATH";
+    let mut probe = shell("loader", script);
+    probe
+        .launch
+        .env
+        .push(("LD_LIBRARY_PATH".into(), Some("/gpuvisor-test-libs".into())));
+    let (outcome, events) = run_job(vec![probe], &run);
+    assert_eq!(outcome.status, 0, "{events:#?}");
+    let log = std::fs::read_to_string(run.logs_path().join("loader.log")).unwrap();
+    assert!(log.contains(" O command: /gpuvisor-test-libs\n"), "{log}");
+    assert!(
+        log.contains(" O GPUVISOR_KEEPER_LD_LIBRARY_PATH=/gpuvisor-test-libs\n"),
+        "{log}"
+    );
+    assert!(!log.contains(" O LD_LIBRARY_PATH="), "{log}");
+}
+
+#[test]
 fn a_stop_is_graceful_in_reverse_order_and_forced_after_the_grace_period() {
     let _guard = exclusive();
     let (_dir, run) = run_dir();
