@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Scale benchmark: what the supervisor costs with 64, 256 and 1,024 replicas.
 
-Usage: python3 scripts/bench_scale.py [--quick] [--counts N ...] [--seconds S] [--binary PATH]
-                                      [--baseline PATH] [--write]
+Usage: python3 scripts/bench_scale.py [--quick] [--counts N ...] [--seconds S] [--rounds R]
+                                      [--binary PATH] [--baseline PATH] [--write]
 
 Prints the "## Scale: 64 to 1,024 replicas" section of docs/benchmarks.md (and replaces that
 section in the file with --write, redrawing its chart docs/benchmarks/scale.svg). scripts/bench.py
@@ -23,7 +23,9 @@ processes) and `[job] sample_interval = "100ms"`, with `--metrics` on a free por
 
 With --baseline PATH (or $GPUVISOR_BENCH_BASELINE) every count is measured with that binary too,
 interleaved with the binary under test, and the table shows both side by side: how the before and
-after figures of a change are taken on the same machine under the same load.
+after figures of a change are taken on the same machine under the same load. With --rounds R (default
+3, 1 with --quick) each count is measured R times under every build in turn, and each cell is the
+median of its R figures: the machine is shared, and one run can land on a busy moment.
 """
 import argparse
 import calendar
@@ -194,6 +196,7 @@ def section(args):
     quick = getattr(args, "quick", False)
     counts = getattr(args, "counts", None) or ([64, 256] if quick else [64, 256, 1024])
     seconds = getattr(args, "seconds", None) or (3 if quick else 10)
+    rounds = getattr(args, "rounds", None) or (1 if quick else 3)
     binary = Path(getattr(args, "binary", None) or build())
     baseline = getattr(args, "baseline", None) or os.environ.get("GPUVISOR_BENCH_BASELINE")
     builds = [("before", Path(baseline)), ("after", binary)] if baseline else [("", binary)]
@@ -201,9 +204,15 @@ def section(args):
     rows = []
     with tempfile.TemporaryDirectory(prefix="gpuvisor-bench-scale-") as tmp:
         for replicas in counts:
-            for label, path in builds:  # interleaved: each count under every build in turn
-                print(f"bench: scale {replicas} replicas {label} ...", file=sys.stderr)
-                rows.append((replicas, label, measure(path, Path(tmp), replicas, seconds)))
+            runs = {label: [] for label, _ in builds}
+            for round_number in range(rounds):
+                for label, path in builds:  # interleaved: each round under every build in turn
+                    print(f"bench: scale {replicas} replicas {label} round {round_number + 1} ...",
+                          file=sys.stderr)
+                    runs[label].append(measure(path, Path(tmp), replicas, seconds))
+            for label, _ in builds:
+                rows.append((replicas, label, {key: statistics.median(run[key] for run in runs[label])
+                                               for key in runs[label][0]}))
     load_after = os.getloadavg()[0]
     label = getattr(args, "baseline_label", None) or "BEFORE"
     command = "python3 scripts/bench_scale.py" + \
@@ -211,7 +220,7 @@ def section(args):
     lines = [
         f"## {HEADING}", "",
         f"Command: `{command}` (`--simulate 1x80GiB`, `sample_interval = \"100ms\"`, a {seconds} s CPU "
-        f"window; load average {load_before:.1f} when it started and {load_after:.1f} at the end, on "
+        f"window, each cell the median of {rounds} round{'s' if rounds > 1 else ''}; load average {load_before:.1f} when it started and {load_after:.1f} at the end, on "
         f"{os.cpu_count()} cores shared with other work).", "",
         "N CPU-only replicas of `sleep 600` (each a keeper plus its command: 2N processes). Start-up "
         "runs from `gpuvisor run` to the last replica's `start` event; CPU is the supervisor process "
@@ -219,7 +228,7 @@ def section(args):
         "medians of 7, `top --once` of 3, all against the live run; then `gpuvisor stop` brings it "
         "down (killed after 60 s)." +
         (f" *before* is the binary given as `--baseline` ({label}), *after* the one under test, "
-         "measured interleaved in the same run." if baseline else ""), "",
+         "measured interleaved in the same run (each round runs both)." if baseline else ""), "",
         "| replicas | build | " + " | ".join(name for name, _, _ in COLUMNS) + " |",
         "|---|---|" + "---|" * len(COLUMNS),
     ]
@@ -265,6 +274,7 @@ def main():
     parser.add_argument("--quick", action="store_true", help="64 and 256 replicas, a 3 s window")
     parser.add_argument("--counts", type=int, nargs="*", help="replica counts (default 64 256 1024)")
     parser.add_argument("--seconds", type=int, help="CPU window in seconds (default 10)")
+    parser.add_argument("--rounds", type=int, help="runs per count and build, medians shown (default 3)")
     parser.add_argument("--binary", help="the gpuvisor binary to measure (default: build it)")
     parser.add_argument("--baseline", help="a second binary measured side by side as *before*")
     parser.add_argument("--baseline-label", help="what the baseline is, for the page (e.g. a commit)")
