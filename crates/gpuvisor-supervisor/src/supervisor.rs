@@ -535,3 +535,4 @@ mod budget;
 mod main_loop;
 mod queue;
 mod sample_loop;
+mod start;

@@ -384,3 +384,41 @@ fn the_jobs_own_shared_memory_leftovers_are_removed_and_nothing_else() {
     );
     std::fs::remove_file(&foreign).unwrap();
 }
+
+#[test]
+fn several_replicas_start_at_once_behind_their_keepers_with_results_in_order() {
+    use gpuvisor_supervisor::spawn::{Launch, Spawner};
+    use nix::sys::wait::{waitpid, WaitStatus};
+    let _guard = exclusive();
+    let spawner = Spawner::new(Some(
+        vec![env!("CARGO_BIN_EXE_gpuvisor-test-keeper").into()],
+    ));
+    let launch = |argv: &[&str]| Launch {
+        argv: argv.iter().map(|arg| arg.to_string()).collect(),
+        env: Vec::new(),
+        cwd: None,
+    };
+    let mut launches: Vec<Launch> = (0..6)
+        .map(|code| launch(&["sh", "-c", &format!("exit {code}")]))
+        .collect();
+    launches.insert(2, launch(&["no-such-gpuvisor-command"]));
+    let results = spawner.spawn_all(&launches);
+    assert_eq!(results.len(), 7);
+    let missing = results[2].as_ref().unwrap_err();
+    assert!(
+        missing.to_string().contains("not found in PATH"),
+        "{missing}"
+    );
+    let codes: Vec<i32> = results
+        .into_iter()
+        .filter_map(Result::ok)
+        .map(
+            |started| match waitpid(nix::unistd::Pid::from_raw(started.pid), None).unwrap() {
+                WaitStatus::Exited(_, code) => code,
+                other => panic!("{other:?}"),
+            },
+        )
+        .collect();
+    // Each keeper exits as its command did: the order of the launches is kept.
+    assert_eq!(codes, [0, 1, 2, 3, 4, 5]);
+}
