@@ -166,9 +166,6 @@ impl Sampler {
                 ..ReplicaStat::default()
             };
         }
-        // pid -> index in `processes`, to add GPU figures to the job's own processes.
-        let mut by_pid = std::mem::take(&mut self.by_pid);
-        by_pid.clear();
         let trees = &mut self.trees;
         for (index, tree) in trees.trees.iter_mut().enumerate() {
             let Some(group) = tree.group else { continue };
@@ -196,7 +193,6 @@ impl Sampler {
                 if stat.ppid == group && row.pid.is_none() {
                     row.pid = Some(pid);
                 }
-                by_pid.insert(pid, processes.len());
                 processes.push(ProcessStat {
                     pid,
                     ppid: stat.ppid,
@@ -211,6 +207,13 @@ impl Sampler {
             if stirred {
                 tree.stir();
             }
+        }
+        // pid -> index in `processes`, to add GPU figures to the job's own processes; only
+        // when some process holds GPU memory (a CPU-only job then pays no hashing per tick).
+        let mut by_pid = std::mem::take(&mut self.by_pid);
+        by_pid.clear();
+        if !gpu.processes.is_empty() {
+            by_pid.extend(processes.iter().enumerate().map(|(at, row)| (row.pid, at)));
         }
         let foreign = self.add_gpu_processes(&gpu, &mut processes, &mut by_pid, &mut replicas);
         self.by_pid = by_pid;
