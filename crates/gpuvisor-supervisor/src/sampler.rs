@@ -177,7 +177,10 @@ impl Sampler {
                 let Some(stat) = trees.info.get(&pid) else {
                     continue;
                 };
-                let Some(cpu) = self.cpu.rate(pid, now, on_beat, self.interval) else {
+                let Some(cpu) = self
+                    .cpu
+                    .rate(pid, stat.threads != 1, now, on_beat, self.interval)
+                else {
                     stirred = true;
                     continue;
                 };

@@ -1,5 +1,7 @@
 //! CPU use of the job's processes, from /proc/PID/schedstat (kept open, re-read with one
-//! `pread`: far cheaper for the kernel than /proc/PID/stat).
+//! `pread`: far cheaper for the kernel than /proc/PID/stat). That file counts the main thread
+//! only, so a process with more threads is read from /proc/PID/stat instead (user + system
+//! time of all its threads, in 10 ms clock ticks).
 //!
 //! CPU time is read on a beat of at most [`CPU_READ_EVERY`] (every tick when the interval is
 //! at least that): CPU use is a rate and its only consumer, the stall classifier, averages it
@@ -28,6 +30,8 @@ struct Track {
     rate: f32,
     /// `ns` did not move over that interval.
     idle: bool,
+    /// Read from /proc/PID/stat (all threads), not schedstat.
+    threaded: bool,
 }
 
 /// What [`CpuReads::rate`] found.
@@ -43,6 +47,8 @@ pub struct CpuUse {
 #[derive(Debug)]
 pub struct CpuReads {
     sched: StatReader,
+    /// /proc/PID/stat of processes with more than one thread.
+    stat: StatReader,
     tracks: PidMap<Track>,
     /// The start of the last tick on the beat.
     beat: Option<Instant>,
@@ -57,6 +63,7 @@ impl CpuReads {
     pub fn new() -> CpuReads {
         CpuReads {
             sched: StatReader::for_file("schedstat"),
+            stat: StatReader::new(),
             tracks: PidMap::default(),
             beat: None,
             beats: 0,
@@ -78,15 +85,22 @@ impl CpuReads {
     }
 
     /// `pid`'s CPU use: read now when the tick is on the beat and the process is due (see the
-    /// module's doc), else its last rate. `None`: it is gone.
+    /// module's doc), else its last rate. `threaded`: it has more than one thread. `None`: it
+    /// is gone.
     pub fn rate(
         &mut self,
         pid: i32,
+        threaded: bool,
         now: Instant,
         on_beat: bool,
         interval: Duration,
     ) -> Option<CpuUse> {
-        let last = self.tracks.get(&pid).copied();
+        // A read from the other file is not comparable: start over.
+        let last = self
+            .tracks
+            .get(&pid)
+            .copied()
+            .filter(|last| last.threaded == threaded);
         let due = on_beat
             && last.is_none_or(|last| {
                 !last.idle || now.duration_since(last.at) + interval / 2 >= IDLE_READ_EVERY
@@ -99,7 +113,14 @@ impl CpuReads {
             });
         }
         self.reads += 1;
-        let Some(ns) = self.sched.read_with(pid, procfs::parse_schedstat_ns) else {
+        let ns = match threaded {
+            true => self
+                .stat
+                .read(pid)
+                .map(|stat| stat.cpu_ticks * (1_000_000_000 / procfs::TICKS_PER_SECOND)),
+            false => self.sched.read_with(pid, procfs::parse_schedstat_ns),
+        };
+        let Some(ns) = ns else {
             self.tracks.remove(&pid);
             return None;
         };
@@ -123,6 +144,7 @@ impl CpuReads {
                 at: now,
                 rate,
                 idle,
+                threaded,
             },
         );
         Some(CpuUse { percent: rate, ran })
@@ -131,6 +153,7 @@ impl CpuReads {
     /// Forgets the processes for which `keep` is false.
     pub fn retain(&mut self, keep: impl Fn(i32) -> bool) {
         self.tracks.retain(|pid, _| keep(*pid));
-        self.sched.retain(keep);
+        self.sched.retain(&keep);
+        self.stat.retain(keep);
     }
 }

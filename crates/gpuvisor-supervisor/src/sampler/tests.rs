@@ -374,7 +374,9 @@ fn a_process_whose_cpu_time_did_not_move_is_read_every_2_s() {
     let mut reads_at = Vec::new();
     for millis in (0..=4000).step_by(500) {
         let before = cpu.reads;
-        let usage = cpu.rate(pid, at(millis), true, interval).expect("alive");
+        let usage = cpu
+            .rate(pid, false, at(millis), true, interval)
+            .expect("alive");
         assert_eq!(usage.percent, 0.0);
         if cpu.reads > before {
             reads_at.push(millis);
@@ -383,6 +385,36 @@ fn a_process_whose_cpu_time_did_not_move_is_read_every_2_s() {
     // Read twice 500 ms apart (it did not move), then every 2 s.
     assert_eq!(reads_at, [0, 500, 2500]);
     // Off the beat: never read.
-    assert!(cpu.rate(pid, at(9000), false, interval).is_some());
+    assert!(cpu.rate(pid, false, at(9000), false, interval).is_some());
     assert_eq!(cpu.reads, 3);
+}
+
+#[test]
+fn cpu_use_of_a_process_with_threads_counts_them_all() {
+    // This test process: the test runs on a thread of its own, the main thread waits, and a
+    // third thread spins. /proc/PID/schedstat would show only the waiting main thread.
+    let pid = std::process::id() as i32;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let spinner = {
+        let stop = std::sync::Arc::clone(&stop);
+        std::thread::spawn(move || {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                std::hint::spin_loop();
+            }
+        })
+    };
+    let mut cpu = cpu::CpuReads::new();
+    let interval = Duration::from_millis(100);
+    cpu.rate(pid, true, Instant::now(), true, interval)
+        .expect("alive");
+    // Long enough for a few 10 ms clock ticks even on a crowded machine.
+    std::thread::sleep(Duration::from_millis(800));
+    let usage = cpu
+        .rate(pid, true, Instant::now(), true, interval)
+        .expect("alive");
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    spinner.join().unwrap();
+    // A spinning thread gets at least a few % of a core even at a load of 20 on 2 cores; the
+    // main thread's wake-ups alone are far below that.
+    assert!(usage.percent > 3.0 && usage.ran, "{usage:?}");
 }
