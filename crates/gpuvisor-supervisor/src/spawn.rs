@@ -2,9 +2,9 @@
 //!
 //! Every replica runs in a new process group behind a keeper (see [`crate::keeper`]), started
 //! with posix_spawn; the keeper sets its own parent-death signal, and the dynamic loader's
-//! variables of the launch reach only the command (see [`LOADER_VARIABLES`]). Without a keeper (tests), the
-//! command itself gets setpgid, `PR_SET_PDEATHSIG = SIGKILL` and a clean signal state in the
-//! child before exec. Stdout and stderr are pipes read by the log pump; stdin is /dev/null.
+//! variables of the launch reach only the command (see [`LOADER_VARIABLES`]). Without a keeper
+//! (tests), the command itself gets setpgid, `PR_SET_PDEATHSIG = SIGKILL` and a clean signal
+//! state in the child before exec. Stdout and stderr are pipes read by the log pump; stdin is /dev/null.
 //!
 //! Reaping happens in one thread ([`Reaper`]) for every child of the supervisor, including
 //! orphans reparented to it (the supervisor is a child subreaper). It peeks with
@@ -57,8 +57,9 @@ pub struct Started {
 /// Starts replicas.
 #[derive(Debug, Clone)]
 pub struct Spawner {
-    /// The keeper command (`[gpuvisor, __keeper]`); `None` runs commands directly (their own
-    /// descendants are then not guaranteed to die with the supervisor).
+    /// The keeper command (`[gpuvisor-keeper]`, or `[gpuvisor, __keeper]`); `None` runs
+    /// commands directly (their own descendants are then not guaranteed to die with the
+    /// supervisor).
     keeper: Option<Vec<OsString>>,
     /// Held to read by every spawn in progress, to write by the reaper while it reaps.
     lock: Arc<RwLock<()>>,

@@ -101,7 +101,8 @@ pub use hooks::{EnvChanges, Hooks, NoHooks};
 pub struct Options {
     /// The job's name.
     pub job: String,
-    /// The keeper command (`[gpuvisor, __keeper]`); `None` starts commands directly.
+    /// The keeper command (`[gpuvisor-keeper]` or `[gpuvisor, __keeper]`); `None` starts
+    /// commands directly.
     pub keeper: Option<Vec<OsString>>,
     /// Copy output to the terminal.
     pub terminal: bool,
