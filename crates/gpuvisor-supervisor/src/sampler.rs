@@ -1,19 +1,13 @@
 //! The sampler: one tick reads the GPU source once, the CPU time of the job's own processes
-//! (/proc/PID/schedstat, kept open and re-read with one `pread` each: far cheaper for the
-//! kernel than /proc/PID/stat), and turns them, with the ledger's figures, into a
-//! [`Snapshot`]. State, parent and resident memory come from /proc/PID/stat, read when the
-//! trees are rediscovered (every 2 s), so they are at most 2 s old.
-//!
-//! CPU time is read at most every [`CPU_READ_EVERY`] (every tick when the interval is at least
-//! that): CPU use is a rate and its only consumer, the stall classifier, averages it over 10 s,
-//! while the reads were most of a 100 ms tick's cost with hundreds of replicas. Ticks in between
-//! repeat each process's last measured rate.
+//! (`cpu`), and turns them, with the ledger's figures, into a [`Snapshot`]. Which processes
+//! belong to which replica, and their state, parent and resident memory (/proc/PID/stat), come
+//! from the trees' discoveries (`trees`), at most every 2 s and only for trees where something
+//! may have changed.
 //!
 //! Every GPU pid is attributed to the replica it descends from by walking its parent chain up
 //! to a replica's process group leader (the keeper); the answer is cached per (pid, start
-//! time), so a long-lived worker costs one walk in its life. The replicas' trees are
-//! rediscovered (children lists) every 2 s; a GPU process born in between is
-//! found through its parent chain at once.
+//! time), so a long-lived worker costs one walk in its life. A GPU process born between two
+//! discoveries is found through its parent chain at once.
 //!
 //! A replica's untracked memory is what its tree holds physically (the GPU source's
 //! per-process figures, summed) minus what the ledger charged it: contexts, modules, local
@@ -23,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use crate::gpu_source::{GpuReading, GpuSource};
 use crate::physical_watch::{PhysicalConfig, PhysicalWatch};
-use crate::procfs::{self, StatReader};
+use crate::procfs;
 use crate::sample::{GpuShare, GpuStat, ProcessStat, ReplicaStat, Snapshot};
 use crate::supervisor::GpuUsage;
 
@@ -60,10 +54,6 @@ pub struct TickInput<'a> {
 
 /// How deep a parent chain is walked before giving up (a loop guard; real chains are short).
 const MAX_CHAIN: usize = 64;
-/// How often replica trees are rediscovered (and their members' state and RSS read).
-const DISCOVER_EVERY: Duration = Duration::from_secs(2);
-/// The shortest time between two reads of the members' CPU time.
-pub const CPU_READ_EVERY: Duration = Duration::from_millis(500);
 
 /// The sampler's state between ticks.
 pub struct Sampler {
@@ -71,29 +61,13 @@ pub struct Sampler {
     interval: Duration,
     infos: Vec<ReplicaInfo>,
     source: Box<dyn GpuSource>,
-    /// /proc/PID/schedstat of every member, kept open.
-    sched: StatReader,
-    /// /proc/PID/stat of every member, from the last discovery.
-    info: PidMap<procfs::ProcSample>,
-    /// /proc/PID/stat and the main thread's children list of members and keepers, kept
-    /// open for the discoveries.
-    stat_files: StatReader,
-    children_files: StatReader,
+    /// Each replica's tree and its members' stat.
+    trees: Trees,
+    /// The members' CPU time.
+    cpu: CpuReads,
     page_bytes: u64,
-    /// Per replica: its group and the pids of its tree at the last discovery.
-    members: Vec<(Option<i32>, Vec<i32>)>,
-    discovered: Option<Instant>,
-    /// pid -> CPU time (ns) at the previous CPU read.
-    previous_cpu: PidMap<u64>,
-    /// pid -> CPU use (% of a core) measured at the last CPU read, repeated until the next.
-    cpu_rate: PidMap<f32>,
-    /// When the CPU time was last read.
-    cpu_read: Option<Instant>,
-    /// CPU reads so far (ticks that read /proc/PID/schedstat).
-    cpu_reads: u64,
-    /// Scratch maps reused every tick, so a tick allocates no new tables.
+    /// Scratch map reused every tick, so a tick allocates no new table.
     by_pid: PidMap<usize>,
-    seen_cpu: PidMap<u64>,
     /// pid -> (start ticks, replica) for GPU processes.
     attribution: PidMap<(u64, Option<usize>)>,
     /// pid -> (start ticks, command line) for GPU processes.
@@ -124,19 +98,10 @@ impl Sampler {
             interval,
             infos,
             source,
-            sched: StatReader::for_file("schedstat"),
-            info: PidMap::default(),
-            stat_files: StatReader::new(),
-            children_files: StatReader::for_file("children"),
+            trees: Trees::new(count),
+            cpu: CpuReads::new(),
             page_bytes: procfs::page_bytes(),
-            members: vec![(None, Vec::new()); count],
-            discovered: None,
-            previous_cpu: PidMap::default(),
-            cpu_rate: PidMap::default(),
-            cpu_read: None,
-            cpu_reads: 0,
             by_pid: PidMap::default(),
-            seen_cpu: PidMap::default(),
             attribution: PidMap::default(),
             commands: PidMap::default(),
             physical: PhysicalWatch::default(),
@@ -164,20 +129,10 @@ impl Sampler {
     /// One tick.
     pub fn tick(&mut self, input: TickInput<'_>) -> Snapshot {
         let now = Instant::now();
-        // Half an interval of slack, so ticks that run a little early still read on the
-        // 500 ms beat rather than one tick late.
-        let read_cpu = self
-            .cpu_read
-            .is_none_or(|last| now.duration_since(last) + self.interval / 2 >= CPU_READ_EVERY);
-        let elapsed_s = match (read_cpu, self.cpu_read) {
-            (true, Some(last)) => now.duration_since(last).as_secs_f32(),
-            _ => 0.0,
-        };
-        if read_cpu {
-            self.cpu_read = Some(now);
-            self.cpu_reads += 1;
+        let on_beat = self.cpu.on_beat(now, self.interval);
+        if let Some(live) = self.trees.discover(input.groups, now) {
+            self.cpu.retain(|pid| live.contains(&pid));
         }
-        self.discover(input.groups, now);
         let gpu = self.source.read();
         // The previous snapshot's tables, handed back by `recycle`, are refilled in place: a
         // tick then allocates no string per replica (names and state keep their buffers).
@@ -211,70 +166,60 @@ impl Sampler {
                 ..ReplicaStat::default()
             };
         }
-        // pid -> index in `processes`, to add GPU figures to the job's own processes.
-        let mut by_pid = std::mem::take(&mut self.by_pid);
-        by_pid.clear();
-        let mut seen_cpu = std::mem::take(&mut self.seen_cpu);
-        seen_cpu.clear();
-        for (index, (group, pids)) in self.members.iter_mut().enumerate() {
-            let Some(group) = *group else { continue };
+        let trees = &mut self.trees;
+        for (index, tree) in trees.trees.iter_mut().enumerate() {
+            let Some(group) = tree.group else { continue };
             // In place: a pid whose schedstat cannot be read any more is gone.
             let mut kept = 0;
-            for at in 0..pids.len() {
-                let pid = pids[at];
-                let Some(stat) = self.info.get(&pid) else {
+            let mut stirred = false;
+            for at in 0..tree.pids.len() {
+                let pid = tree.pids[at];
+                let Some(stat) = trees.info.get(&pid) else {
                     continue;
                 };
-                let cpu_percent = if read_cpu {
-                    let Some(cpu_ns) = self.sched.read_with(pid, procfs::parse_schedstat_ns) else {
-                        continue;
-                    };
-                    seen_cpu.insert(pid, cpu_ns);
-                    let rate = match self.previous_cpu.get(&pid) {
-                        Some(&before) if elapsed_s > 0.0 => {
-                            cpu_ns.saturating_sub(before) as f32 / 1e9 / elapsed_s * 100.0
-                        }
-                        _ => 0.0,
-                    };
-                    self.cpu_rate.insert(pid, rate);
-                    rate
-                } else {
-                    self.cpu_rate.get(&pid).copied().unwrap_or(0.0)
+                let Some(cpu) = self
+                    .cpu
+                    .rate(pid, stat.threads != 1, now, on_beat, self.interval)
+                else {
+                    stirred = true;
+                    continue;
                 };
-                pids[kept] = pid;
+                stirred |= cpu.ran;
+                tree.pids[kept] = pid;
                 kept += 1;
                 let row = &mut replicas[index];
                 if stat.state != 'Z' {
                     row.process_count += 1;
                 }
                 row.rss_bytes += stat.rss_pages * self.page_bytes;
-                row.cpu_percent += cpu_percent;
+                row.cpu_percent += cpu.percent;
                 if stat.ppid == group && row.pid.is_none() {
                     row.pid = Some(pid);
                 }
-                by_pid.insert(pid, processes.len());
                 processes.push(ProcessStat {
                     pid,
                     ppid: stat.ppid,
                     replica: Some(index),
                     state: stat.state,
                     rss_bytes: stat.rss_pages * self.page_bytes,
-                    cpu_percent,
+                    cpu_percent: cpu.percent,
                     ..ProcessStat::default()
                 });
             }
-            pids.truncate(kept);
+            tree.pids.truncate(kept);
+            if stirred {
+                tree.stir();
+            }
+        }
+        // pid -> index in `processes`, to add GPU figures to the job's own processes; only
+        // when some process holds GPU memory (a CPU-only job then pays no hashing per tick).
+        let mut by_pid = std::mem::take(&mut self.by_pid);
+        by_pid.clear();
+        if !gpu.processes.is_empty() {
+            by_pid.extend(processes.iter().enumerate().map(|(at, row)| (row.pid, at)));
         }
         let foreign = self.add_gpu_processes(&gpu, &mut processes, &mut by_pid, &mut replicas);
         self.by_pid = by_pid;
-        if read_cpu {
-            // The previous read's figures go back as next tick's scratch map.
-            self.seen_cpu = std::mem::replace(&mut self.previous_cpu, seen_cpu);
-            let previous = &self.previous_cpu;
-            self.cpu_rate.retain(|pid, _| previous.contains_key(pid));
-        } else {
-            self.seen_cpu = seen_cpu;
-        }
         if !gpu.devices.is_empty() {
             // The processes holding GPU memory, in replica order: each replica below takes its
             // run of them, so attribution is one pass, not replicas x processes.
@@ -339,85 +284,6 @@ impl Sampler {
         }
     }
 
-    /// Rediscovers every replica's tree (its keeper's descendants, the keeper itself left
-    /// out) when its group changed or a second has passed; reads each member's stat.
-    fn discover(&mut self, groups: &[Option<i32>], now: Instant) {
-        let due = self
-            .discovered
-            .is_none_or(|last| now.duration_since(last) >= DISCOVER_EVERY);
-        let mut any = false;
-        for (index, group) in groups.iter().enumerate().take(self.members.len()) {
-            // A new life, or one whose command had not started at the last look.
-            let changed = self.members[index].0 != *group
-                || (group.is_some() && self.members[index].1.is_empty());
-            if !(due || changed) {
-                continue;
-            }
-            any = true;
-            let pids = match group {
-                Some(group) => {
-                    let mut found = Vec::new();
-                    let mut stack = self.keeper_children(*group);
-                    while let Some(pid) = stack.pop() {
-                        if found.contains(&pid) {
-                            continue;
-                        }
-                        let Some(stat) = self.stat_files.read(pid) else {
-                            continue;
-                        };
-                        found.push(pid);
-                        self.info.insert(pid, stat);
-                        stack.extend(self.children_of(pid));
-                    }
-                    found
-                }
-                None => Vec::new(),
-            };
-            self.members[index] = (*group, pids);
-        }
-        if due || any {
-            self.discovered = Some(now);
-            let live: std::collections::HashSet<i32> = self
-                .members
-                .iter()
-                .flat_map(|(_, pids)| pids.iter().copied())
-                .collect();
-            let keepers: std::collections::HashSet<i32> =
-                groups.iter().flatten().copied().collect();
-            self.sched.retain(|pid| live.contains(&pid));
-            self.info.retain(|pid, _| live.contains(pid));
-            self.stat_files
-                .retain(|pid| live.contains(&pid) || keepers.contains(&pid));
-            self.children_files
-                .retain(|pid| live.contains(&pid) || keepers.contains(&pid));
-        }
-    }
-
-    /// Direct children of a keeper: its kept-open children list, without reading its stat
-    /// first (a keeper is ours and has one thread; that read was an eighth of the sampler's
-    /// system calls with 1,024 replicas).
-    fn keeper_children(&mut self, keeper: i32) -> Vec<i32> {
-        match self.children_files.read_with(keeper, procfs::parse_pids) {
-            Some(children) => children,
-            None => procfs::children(keeper),
-        }
-    }
-
-    /// Direct children of `pid`: its kept-open children list when it has one thread, else
-    /// every thread's.
-    fn children_of(&mut self, pid: i32) -> Vec<i32> {
-        let threads = match self.info.get(&pid) {
-            Some(stat) => stat.threads,
-            None => self.stat_files.read(pid).map_or(0, |stat| stat.threads),
-        };
-        if threads == 1 {
-            if let Some(children) = self.children_files.read_with(pid, procfs::parse_pids) {
-                return children;
-            }
-        }
-        procfs::children(pid)
-    }
-
     /// Adds the GPU figures: to the job's processes, to newly found descendants (attributed by
     /// their parent chain), or to the foreign list.
     fn add_gpu_processes(
@@ -449,8 +315,7 @@ impl Sampler {
                     match replica {
                         Some(index) => {
                             // A descendant born since the last discovery: track it from now.
-                            self.members[index].1.push(reading.pid);
-                            self.info.insert(reading.pid, stat);
+                            self.trees.adopt(index, reading.pid, stat);
                             replicas[index].process_count += 1;
                             replicas[index].rss_bytes += row.rss_bytes;
                             by_pid.insert(reading.pid, processes.len());
@@ -516,7 +381,7 @@ impl Sampler {
         let mut cursor = pid;
         let mut parent = ppid;
         for _ in 0..MAX_CHAIN {
-            if let Some(index) = self.group_of(cursor) {
+            if let Some(index) = self.trees.replica_of(cursor) {
                 replica = Some(index);
                 break;
             }
@@ -536,13 +401,6 @@ impl Sampler {
         }
         self.attribution.insert(pid, (start_ticks, replica));
         replica
-    }
-
-    /// The replica whose group leader (or known tree member) is `pid`.
-    fn group_of(&self, pid: i32) -> Option<usize> {
-        self.members
-            .iter()
-            .position(|(group, pids)| *group == Some(pid) || pids.contains(&pid))
     }
 
     fn command(&mut self, pid: i32) -> String {
@@ -603,5 +461,11 @@ fn share_on(shares: &mut Vec<GpuShare>, gpu: u32) -> &mut GpuShare {
     &mut shares[at]
 }
 
+mod cpu;
 #[cfg(test)]
 mod tests;
+mod trees;
+
+use cpu::CpuReads;
+pub use cpu::CPU_READ_EVERY;
+use trees::Trees;

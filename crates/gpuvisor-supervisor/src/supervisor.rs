@@ -101,7 +101,8 @@ pub use hooks::{EnvChanges, Hooks, NoHooks};
 pub struct Options {
     /// The job's name.
     pub job: String,
-    /// The keeper command (`[gpuvisor, __keeper]`); `None` starts commands directly.
+    /// The keeper command (`[gpuvisor-keeper]` or `[gpuvisor, __keeper]`); `None` starts
+    /// commands directly.
     pub keeper: Option<Vec<OsString>>,
     /// Copy output to the terminal.
     pub terminal: bool,
@@ -535,3 +536,4 @@ mod budget;
 mod main_loop;
 mod queue;
 mod sample_loop;
+mod start;

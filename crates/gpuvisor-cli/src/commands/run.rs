@@ -55,7 +55,7 @@ pub fn agent(args: AgentArgs) -> Result<ExitCode, Failure> {
         install: &install,
         gpu_source: &|state, sim_dir, inventory| sampler_source(state, sim_dir, inventory),
         console: |line| eprintln!("{line}"),
-        keeper: vec![std::env::current_exe()?.into(), "__keeper".into()],
+        keeper: gpuvisor_supervisor::keeper::command_beside(&std::env::current_exe()?),
     };
     Ok(ExitCode::from(agent::agent(&args.head, &support)?))
 }
@@ -150,8 +150,8 @@ pub fn run(args: RunArgs) -> Result<ExitCode, Failure> {
         replicas.len(),
         run_dir.path().display()
     );
-    let keeper = std::env::current_exe()?;
-    let mut options = Options::new(&job.name, Some(vec![keeper.into(), "__keeper".into()]));
+    let keeper = gpuvisor_supervisor::keeper::command_beside(&std::env::current_exe()?);
+    let mut options = Options::new(&job.name, Some(keeper));
     options.terminal = !args.quiet && !args.tui;
     options.console = !args.tui;
     options.sampler_interval = std::time::Duration::from_millis(job.sample_interval_ms);

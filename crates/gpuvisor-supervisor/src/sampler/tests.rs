@@ -53,6 +53,22 @@ fn find_descendant(root: i32, command: &str) -> i32 {
     panic!("no `{command}` below {root}");
 }
 
+/// A sampler of one replica labelled `label`, ticking every 100 ms, with no GPU source.
+fn without_gpus(label: &str) -> Sampler {
+    Sampler::new(
+        "job",
+        Duration::from_millis(100),
+        vec![info(label)],
+        Box::new(crate::gpu_source::NoGpus),
+    )
+}
+
+/// `sh -c script`, killed with its tree when the guard drops.
+fn shell(script: &str) -> (i32, Killed) {
+    let child = Command::new("sh").args(["-c", script]).spawn().unwrap();
+    (child.id() as i32, Killed(vec![child]))
+}
+
 struct Killed(Vec<Child>);
 
 impl Drop for Killed {
@@ -168,12 +184,7 @@ fn gpu_processes_count_toward_the_replica_they_descend_from() {
 fn a_worker_born_after_discovery_is_found_through_its_parent_chain() {
     let dir = tempfile::tempdir().unwrap();
     let state = dir.path().join("state");
-    let replica = Command::new("sh")
-        .args(["-c", "sh -c 'sleep 33; true' & wait"])
-        .spawn()
-        .unwrap();
-    let root = replica.id() as i32;
-    let _guard = Killed(vec![replica]);
+    let (root, _guard) = shell("sh -c 'sleep 33; true' & wait");
     let worker = find_descendant(root, "sleep 33");
     let source = SimSource::new(state.clone(), devices());
     let mut sampler = Sampler::new(
@@ -186,8 +197,8 @@ fn a_worker_born_after_discovery_is_found_through_its_parent_chain() {
     // walking up its parent chain.
     let parent = procfs::stat(worker).unwrap().ppid;
     assert_ne!(parent, root);
-    sampler.members[0] = (Some(root), vec![parent]);
-    sampler.discovered = Some(Instant::now());
+    sampler.trees.trees[0] = trees::Tree::known(root, vec![parent]);
+    sampler.trees.set_discovered(Instant::now());
     write_state(&state, &[(worker, &[7 << 20])]);
     let snapshot = sampler.tick(TickInput {
         groups: &[Some(root)],
@@ -196,7 +207,7 @@ fn a_worker_born_after_discovery_is_found_through_its_parent_chain() {
         now_unix_ms: 1,
     });
     assert_eq!(snapshot.replicas[0].gpu_bytes, 7 << 20, "{snapshot:#?}");
-    assert!(sampler.members[0].1.contains(&worker));
+    assert!(sampler.trees.trees[0].pids.contains(&worker));
     // Cached: the same answer without a walk, and the worker is now a tracked member.
     let start = procfs::stat_sample(worker).unwrap().start_ticks;
     assert_eq!(sampler.attribution.get(&worker), Some(&(start, Some(0))));
@@ -205,18 +216,8 @@ fn a_worker_born_after_discovery_is_found_through_its_parent_chain() {
 #[test]
 fn cpu_use_of_a_busy_tree_is_measured() {
     // The root stands for the keeper; the busy loop is its child, the replica's command.
-    let busy = Command::new("sh")
-        .args(["-c", "sh -c 'while :; do :; done' & wait"])
-        .spawn()
-        .unwrap();
-    let root = busy.id() as i32;
-    let _guard = Killed(vec![busy]);
-    let mut sampler = Sampler::new(
-        "job",
-        Duration::from_millis(100),
-        vec![info("busy")],
-        Box::new(crate::gpu_source::NoGpus),
-    );
+    let (root, _guard) = shell("sh -c 'while :; do :; done' & wait");
+    let mut sampler = without_gpus("busy");
     let groups = [Some(root)];
     let input = |now| TickInput {
         groups: &groups,
@@ -239,18 +240,8 @@ fn cpu_use_of_a_busy_tree_is_measured() {
 
 #[test]
 fn cpu_time_is_read_at_most_every_500_ms_and_its_rate_carried_between() {
-    let busy = Command::new("sh")
-        .args(["-c", "sh -c 'while :; do :; done' & wait"])
-        .spawn()
-        .unwrap();
-    let root = busy.id() as i32;
-    let _guard = Killed(vec![busy]);
-    let mut sampler = Sampler::new(
-        "job",
-        Duration::from_millis(100),
-        vec![info("busy")],
-        Box::new(crate::gpu_source::NoGpus),
-    );
+    let (root, _guard) = shell("sh -c 'while :; do :; done' & wait");
+    let mut sampler = without_gpus("busy");
     let groups = [Some(root)];
     let input = |now| TickInput {
         groups: &groups,
@@ -260,19 +251,19 @@ fn cpu_time_is_read_at_most_every_500_ms_and_its_rate_carried_between() {
     };
     find_descendant(root, "sh -c while :; do :; done");
     sampler.tick(input(1));
-    assert_eq!(sampler.cpu_reads, 1, "the first tick reads");
+    assert_eq!(sampler.cpu.beats, 1, "the first tick reads");
     std::thread::sleep(Duration::from_millis(100));
     sampler.tick(input(2));
-    assert_eq!(sampler.cpu_reads, 1, "100 ms later: no read");
+    assert_eq!(sampler.cpu.beats, 1, "100 ms later: no read");
     std::thread::sleep(CPU_READ_EVERY);
     let measured = sampler.tick(input(3));
-    assert_eq!(sampler.cpu_reads, 2, "after 600 ms: a read");
+    assert_eq!(sampler.cpu.beats, 2, "after 600 ms: a read");
     // Some of a core (a crowded machine gives a busy loop what it can; a sleeping tree shows 0).
     assert!(measured.replicas[0].cpu_percent > 0.0, "{measured:#?}");
     // The next 100 ms tick repeats the measured rate rather than reporting 0.
     std::thread::sleep(Duration::from_millis(100));
     let between = sampler.tick(input(4));
-    assert_eq!(sampler.cpu_reads, 2);
+    assert_eq!(sampler.cpu.beats, 2);
     assert_eq!(
         between.replicas[0].cpu_percent,
         measured.replicas[0].cpu_percent
@@ -301,5 +292,129 @@ fn cpu_time_is_read_every_tick_at_intervals_of_500_ms_or_more() {
     // Half an interval of slack: a tick 250 ms early still reads.
     std::thread::sleep(Duration::from_millis(260));
     sampler.tick(input);
-    assert_eq!(sampler.cpu_reads, 2);
+    assert_eq!(sampler.cpu.beats, 2);
+}
+
+#[test]
+fn a_quiet_tree_is_reread_only_on_its_turn_and_a_stirred_one_at_the_next_discovery() {
+    // The root stands for the keeper; the two sleepers are its tree, and never run again.
+    let (root, _guard) = shell("sleep 40 & sleep 41 & wait");
+    find_descendant(root, "sleep 40");
+    find_descendant(root, "sleep 41");
+    let groups = [Some(root)];
+    let mut trees = trees::Trees::new(1);
+    let start = Instant::now();
+    let at = |seconds: u64| start + Duration::from_secs(seconds);
+    assert!(trees.discover(&groups, at(0)).is_some());
+    assert_eq!((trees.trees_read, trees.trees[0].pids.len()), (1, 2));
+    // Due every 2 s, but nothing in the tree ran: no read until its turn, one in five.
+    for seconds in [2, 4, 6] {
+        trees.discover(&groups, at(seconds));
+        assert_eq!(trees.trees_read, 1, "at {seconds} s");
+    }
+    trees.discover(&groups, at(8));
+    assert_eq!(trees.trees_read, 2, "its turn");
+    // Between two discoveries nothing is read, stirred or not.
+    trees.trees[0].stir();
+    trees.discover(&groups, at(9));
+    assert_eq!(trees.trees_read, 2);
+    trees.discover(&groups, at(10));
+    assert_eq!((trees.trees_read, trees.trees[0].pids.len()), (3, 2));
+    // A new life is read at once.
+    trees.discover(&[None], at(11));
+    assert!(trees.trees[0].pids.is_empty());
+    trees.discover(&groups, at(11));
+    assert_eq!((trees.trees_read, trees.trees[0].pids.len()), (4, 2));
+}
+
+#[test]
+fn a_child_forked_by_a_member_is_found_at_the_next_discovery() {
+    let (root, _guard) = shell("sh -c 'sleep 0.3; sleep 43 & wait' & wait");
+    let member = find_descendant(root, "sh -c sleep 0.3; sleep 43 & wait");
+    let mut sampler = without_gpus("a");
+    let groups = [Some(root)];
+    let input = TickInput {
+        groups: &groups,
+        ledger: &[None],
+        last_output_unix_ms: &[0],
+        now_unix_ms: 1,
+    };
+    let first = sampler.tick(input);
+    assert!(first.processes.iter().any(|process| process.pid == member));
+    let sleeper = find_descendant(root, "sleep 43");
+    // The member ran (it forked): its tree is read again at the next discovery, 2 s on, not
+    // at its quiet turn 10 s on.
+    let deadline = Instant::now() + trees::DISCOVER_EVERY + Duration::from_millis(1500);
+    while Instant::now() < deadline {
+        let snapshot = sampler.tick(input);
+        if snapshot
+            .processes
+            .iter()
+            .any(|process| process.pid == sleeper)
+        {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!(
+        "sleep 43 ({sleeper}) not found: {:?}",
+        sampler.trees.trees[0]
+    );
+}
+
+#[test]
+fn a_process_whose_cpu_time_did_not_move_is_read_every_2_s() {
+    let sleeper = Command::new("sleep").arg("44").spawn().unwrap();
+    let pid = sleeper.id() as i32;
+    let _guard = Killed(vec![sleeper]);
+    let mut cpu = cpu::CpuReads::new();
+    let interval = Duration::from_millis(100);
+    let start = Instant::now();
+    let at = |millis: u64| start + Duration::from_millis(millis);
+    let mut reads_at = Vec::new();
+    for millis in (0..=4000).step_by(500) {
+        let before = cpu.reads;
+        let usage = cpu
+            .rate(pid, false, at(millis), true, interval)
+            .expect("alive");
+        assert_eq!(usage.percent, 0.0);
+        if cpu.reads > before {
+            reads_at.push(millis);
+        }
+    }
+    // Read twice 500 ms apart (it did not move), then every 2 s.
+    assert_eq!(reads_at, [0, 500, 2500]);
+    // Off the beat: never read.
+    assert!(cpu.rate(pid, false, at(9000), false, interval).is_some());
+    assert_eq!(cpu.reads, 3);
+}
+
+#[test]
+fn cpu_use_of_a_process_with_threads_counts_them_all() {
+    // This test process: the test runs on a thread of its own, the main thread waits, and a
+    // third thread spins. /proc/PID/schedstat would show only the waiting main thread.
+    let pid = std::process::id() as i32;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let spinner = {
+        let stop = std::sync::Arc::clone(&stop);
+        std::thread::spawn(move || {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                std::hint::spin_loop();
+            }
+        })
+    };
+    let mut cpu = cpu::CpuReads::new();
+    let interval = Duration::from_millis(100);
+    cpu.rate(pid, true, Instant::now(), true, interval)
+        .expect("alive");
+    // Long enough for a few 10 ms clock ticks even on a crowded machine.
+    std::thread::sleep(Duration::from_millis(800));
+    let usage = cpu
+        .rate(pid, true, Instant::now(), true, interval)
+        .expect("alive");
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    spinner.join().unwrap();
+    // A spinning thread gets at least a few % of a core even at a load of 20 on 2 cores; the
+    // main thread's wake-ups alone are far below that.
+    assert!(usage.percent > 3.0 && usage.ran, "{usage:?}");
 }

@@ -22,8 +22,17 @@ impl Run<'_> {
                 let input = inputs.remove(0);
                 let now = self.now_ms();
                 let actions = self.machine.step(now, input);
+                let mut started = self.start_together(&actions);
                 for action in actions {
-                    if let Some(code) = self.act(action, &mut inputs) {
+                    let code = match action {
+                        Action::Spawn(index) if started.contains_key(&index) => {
+                            let result = started.remove(&index).unwrap_or(Err(String::new()));
+                            self.spawned(index, result, &mut inputs);
+                            None
+                        }
+                        action => self.act(action, &mut inputs),
+                    };
+                    if let Some(code) = code {
                         return code;
                     }
                 }
@@ -62,10 +71,14 @@ impl Run<'_> {
     /// Carries out one action; `Some(status)` when the job is over.
     fn act(&mut self, action: Action, inputs: &mut Vec<Input>) -> Option<u8> {
         match action {
-            Action::Spawn(index) => match self.spawn(index) {
-                Ok(()) => inputs.push(Input::Spawned(index)),
-                Err(reason) => inputs.push(Input::SpawnFailed(index, reason)),
-            },
+            Action::Spawn(index) => {
+                let started = self.prepare(index).and_then(|launch| {
+                    self.spawner
+                        .spawn(&launch)
+                        .map_err(|error| error.to_string())
+                });
+                self.spawned(index, started, inputs);
+            }
             Action::Stop(index) => self.signal(index, self.specs[index].stop_signal),
             Action::Kill(index) => self.signal(index, Signal::SIGKILL),
             // The end is written last, after clean-up, with the status gpuvisor exits with.
@@ -87,58 +100,6 @@ impl Run<'_> {
             Action::Enqueue(index) => self.queue_input(QueueInput::Enqueue(index), inputs),
         }
         None
-    }
-
-    fn spawn(&mut self, index: usize) -> Result<(), String> {
-        let mut launch: Launch = self.specs[index].launch.clone();
-        let extra = self
-            .hooks
-            .before_spawn(index)
-            .map_err(|error| format!("cannot prepare its start: {error}"))?;
-        launch.env.extend(extra);
-        let started = self
-            .spawner
-            .spawn(&launch)
-            .map_err(|error| error.to_string())?;
-        let track = &mut self.tracks[index];
-        track.generation += 1;
-        track.pid = Some(started.pid);
-        track.started = Some(Instant::now());
-        track.signalled = None;
-        track.pending_exit = None;
-        track.closed = None;
-        self.footprint.pids.insert(started.pid);
-        let ready = match &self.specs[index].readiness {
-            Readiness::LogLine(pattern) => Some(pattern.clone()),
-            _ => None,
-        };
-        if let Err(error) = self.pump.register_as(
-            index,
-            Some(self.specs[index].file_stem.clone()),
-            track.generation,
-            started.stdout,
-            started.stderr,
-            ready,
-        ) {
-            eprintln!(
-                "gpuvisor: cannot read the output of {}: {error}",
-                self.specs[index].label
-            );
-        }
-        if let Readiness::Port(port) = self.specs[index].readiness {
-            let flag = Arc::new(AtomicBool::new(true));
-            track.port_watch = Some(Arc::clone(&flag));
-            watch_port(port, index, track.generation, flag, self.sender.clone());
-        }
-        let spec = &self.specs[index];
-        self.events.write(&Event::Start {
-            process: spec.label.clone(),
-            replica: Some(spec.replica),
-            pid: started.pid,
-            life: track.generation,
-            argv: (track.generation == 1).then(|| spec.launch.argv.clone()),
-        });
-        Ok(())
     }
 
     fn signal(&mut self, index: usize, signal: Signal) {
@@ -576,26 +537,4 @@ impl Run<'_> {
             })
             .collect()
     }
-}
-
-/// Polls 127.0.0.1:`port` until something accepts, or `alive` is cleared.
-fn watch_port(
-    port: u16,
-    index: usize,
-    generation: u64,
-    alive: Arc<AtomicBool>,
-    sender: Sender<Msg>,
-) {
-    let address = SocketAddr::from(([127, 0, 0, 1], port));
-    let _ = std::thread::Builder::new()
-        .name("gpuvisor-port".into())
-        .spawn(move || {
-            while alive.load(Ordering::SeqCst) {
-                if TcpStream::connect_timeout(&address, Duration::from_millis(200)).is_ok() {
-                    let _ = sender.send(Msg::PortOpen(index, generation));
-                    return;
-                }
-                std::thread::sleep(Duration::from_millis(100));
-            }
-        });
 }

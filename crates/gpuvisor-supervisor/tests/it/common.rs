@@ -51,7 +51,7 @@ pub fn shell(process: &str, script: &str) -> ReplicaSpec {
 pub fn options() -> Options {
     let mut options = Options::new(
         "test",
-        Some(vec![env!("CARGO_BIN_EXE_gpuvisor-keeper").into()]),
+        Some(vec![env!("CARGO_BIN_EXE_gpuvisor-test-keeper").into()]),
     );
     options.terminal = false;
     options.sample_interval = Duration::from_millis(100);

@@ -189,6 +189,29 @@ fn a_replica_starts_with_no_signal_blocked() {
 }
 
 #[test]
+fn the_loaders_variables_reach_the_command_but_not_its_keeper() {
+    // The keeper needs no preloaded library: it gets the launch's LD_* variables under
+    // another name and sets them for the command alone.
+    let _guard = exclusive();
+    let (_dir, run) = run_dir();
+    let script = "echo \"command: $LD_LIBRARY_PATH\"; tr '\\0' '\\n' < /proc/$PPID/environ | grep LD_LIBRARY_PATH";
+    let mut probe = shell("loader", script);
+    probe
+        .launch
+        .env
+        .push(("LD_LIBRARY_PATH".into(), Some("/gpuvisor-test-libs".into())));
+    let (outcome, events) = run_job(vec![probe], &run);
+    assert_eq!(outcome.status, 0, "{events:#?}");
+    let log = std::fs::read_to_string(run.logs_path().join("loader.log")).unwrap();
+    assert!(log.contains(" O command: /gpuvisor-test-libs\n"), "{log}");
+    assert!(
+        log.contains(" O GPUVISOR_KEEPER_LD_LIBRARY_PATH=/gpuvisor-test-libs\n"),
+        "{log}"
+    );
+    assert!(!log.contains(" O LD_LIBRARY_PATH="), "{log}");
+}
+
+#[test]
 fn a_stop_is_graceful_in_reverse_order_and_forced_after_the_grace_period() {
     let _guard = exclusive();
     let (_dir, run) = run_dir();
@@ -370,4 +393,42 @@ fn the_jobs_own_shared_memory_leftovers_are_removed_and_nothing_else() {
         "another job's semaphore stays"
     );
     std::fs::remove_file(&foreign).unwrap();
+}
+
+#[test]
+fn several_replicas_start_at_once_behind_their_keepers_with_results_in_order() {
+    use gpuvisor_supervisor::spawn::{Launch, Spawner};
+    use nix::sys::wait::{waitpid, WaitStatus};
+    let _guard = exclusive();
+    let spawner = Spawner::new(Some(
+        vec![env!("CARGO_BIN_EXE_gpuvisor-test-keeper").into()],
+    ));
+    let launch = |argv: &[&str]| Launch {
+        argv: argv.iter().map(|arg| arg.to_string()).collect(),
+        env: Vec::new(),
+        cwd: None,
+    };
+    let mut launches: Vec<Launch> = (0..6)
+        .map(|code| launch(&["sh", "-c", &format!("exit {code}")]))
+        .collect();
+    launches.insert(2, launch(&["no-such-gpuvisor-command"]));
+    let results = spawner.spawn_all(&launches);
+    assert_eq!(results.len(), 7);
+    let missing = results[2].as_ref().unwrap_err();
+    assert!(
+        missing.to_string().contains("not found in PATH"),
+        "{missing}"
+    );
+    let codes: Vec<i32> = results
+        .into_iter()
+        .filter_map(Result::ok)
+        .map(
+            |started| match waitpid(nix::unistd::Pid::from_raw(started.pid), None).unwrap() {
+                WaitStatus::Exited(_, code) => code,
+                other => panic!("{other:?}"),
+            },
+        )
+        .collect();
+    // Each keeper exits as its command did: the order of the launches is kept.
+    assert_eq!(codes, [0, 1, 2, 3, 4, 5]);
 }
