@@ -203,12 +203,29 @@ fn the_loaders_variables_reach_the_command_but_not_its_keeper() {
     let (outcome, events) = run_job(vec![probe], &run);
     assert_eq!(outcome.status, 0, "{events:#?}");
     let log = std::fs::read_to_string(run.logs_path().join("loader.log")).unwrap();
-    assert!(log.contains(" O command: /gpuvisor-test-libs\n"), "{log}");
+    let stdout: Vec<String> = gpuvisor_record::log_file::parse(&log)
+        .into_iter()
+        .filter(|line| !line.stderr)
+        .map(|line| line.text)
+        .collect();
     assert!(
-        log.contains(" O GPUVISOR_KEEPER_LD_LIBRARY_PATH=/gpuvisor-test-libs\n"),
+        stdout
+            .iter()
+            .any(|text| text == "command: /gpuvisor-test-libs"),
         "{log}"
     );
-    assert!(!log.contains(" O LD_LIBRARY_PATH="), "{log}");
+    assert!(
+        stdout
+            .iter()
+            .any(|text| text == "GPUVISOR_KEEPER_LD_LIBRARY_PATH=/gpuvisor-test-libs"),
+        "{log}"
+    );
+    assert!(
+        !stdout
+            .iter()
+            .any(|text| text.starts_with("LD_LIBRARY_PATH=")),
+        "{log}"
+    );
 }
 
 #[test]
