@@ -415,7 +415,7 @@ def section(args):
         f"the last replica's `start` event, {len(startup)} runs: "
         + ", ".join(f"{value * 1e3:.0f} ms" for value in startup)
         + f" (median {statistics.median(startup) * 1e3:.0f} ms; target under 1 s). Each replica is a keeper "
-        "(`gpuvisor __keeper`) plus its command: 512 processes."
+        "(`gpuvisor-keeper` beside the binary; the baseline, without one, runs `gpuvisor __keeper`) plus its command: 512 processes."
         + (f" The baseline ({label}), in the same run: "
            + ", ".join(f"{value * 1e3:.0f} ms" for value in startup_before)
            + f" (median {statistics.median(startup_before) * 1e3:.0f} ms)." if startup_before else ""),
