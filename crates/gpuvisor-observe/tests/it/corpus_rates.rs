@@ -206,7 +206,7 @@ fn batch_lines(batches: &BTreeMap<(u32, bool), Tally>) -> String {
 /// Each unseen batch's first score: measured when it arrived, before any rule changed for it
 /// (docs/explain.md, "Rates on real logs"). Batches 1-3 came before the manifest kept batch
 /// numbers. (batch, failure logs, detected, right fix.)
-const FIRST_SCORES: [(u32, u32, u32, u32); 9] = [
+const FIRST_SCORES: [(u32, u32, u32, u32); 10] = [
     (1, 72, 49, 43),
     (2, 17, 7, 7),
     (3, 15, 12, 12),
@@ -216,6 +216,7 @@ const FIRST_SCORES: [(u32, u32, u32, u32); 9] = [
     (7, 46, 30, 24),
     (8, 46, 22, 17),
     (9, 47, 45, 43),
+    (10, 30, 30, 29),
 ];
 
 /// The first scores, one line per batch and their sum: the honest figure for unseen logs.
@@ -361,7 +362,8 @@ fn rates_on_real_logs() {
     };
     // After batches 7 and 8 were tuned on (their tuning positions only): 264/264 and 263/264
     // tuning, 75/84 and 74/84 held out. With batch 9 added untuned: 296/298 and 294/298 tuning,
-    // 87/97 and 85/97 held out.
+    // 87/97 and 85/97 held out. With batch 10 added untuned: 321/322 and 318/322 tuning, 93/103
+    // and 91/103 held out.
     floor("tuning: detected", tune.detected, tune.logs, 0.99);
     floor("tuning: right fix", tune.right, tune.logs, 0.98);
     floor("held out: detected", held.detected, held.logs, 0.88);
