@@ -216,7 +216,7 @@ const FIRST_SCORES: [(u32, u32, u32, u32); 10] = [
     (7, 46, 30, 24),
     (8, 46, 22, 17),
     (9, 47, 45, 43),
-    (10, 30, 30, 29),
+    (10, 35, 35, 34),
 ];
 
 /// The first scores, one line per batch and their sum: the honest figure for unseen logs.
@@ -362,8 +362,8 @@ fn rates_on_real_logs() {
     };
     // After batches 7 and 8 were tuned on (their tuning positions only): 264/264 and 263/264
     // tuning, 75/84 and 74/84 held out. With batch 9 added untuned: 296/298 and 294/298 tuning,
-    // 87/97 and 85/97 held out. With batch 10 added untuned: 321/322 and 318/322 tuning, 93/103
-    // and 91/103 held out.
+    // 87/97 and 85/97 held out. With batch 10 added untuned: 325/326 and 322/326 tuning, 94/104
+    // and 92/104 held out.
     floor("tuning: detected", tune.detected, tune.logs, 0.99);
     floor("tuning: right fix", tune.right, tune.logs, 0.98);
     floor("held out: detected", held.detected, held.logs, 0.88);
