@@ -63,6 +63,23 @@ fn without_gpus(label: &str) -> Sampler {
     )
 }
 
+/// A tree whose command (the root's child) spins, and a sampler for it as one replica.
+fn busy_tree() -> (i32, Killed, Sampler) {
+    let (root, guard) = shell("sh -c 'while :; do :; done' & wait");
+    find_descendant(root, "sh -c while :; do :; done");
+    (root, guard, without_gpus("busy"))
+}
+
+/// One tick's input for a job of one CPU-only replica (`groups`: its root).
+fn one_replica(groups: &[Option<i32>], now_unix_ms: u64) -> TickInput<'_> {
+    TickInput {
+        groups,
+        ledger: &[None],
+        last_output_unix_ms: &[0],
+        now_unix_ms,
+    }
+}
+
 /// `sh -c script`, killed with its tree when the guard drops.
 fn shell(script: &str) -> (i32, Killed) {
     let child = Command::new("sh").args(["-c", script]).spawn().unwrap();
@@ -216,16 +233,9 @@ fn a_worker_born_after_discovery_is_found_through_its_parent_chain() {
 #[test]
 fn cpu_use_of_a_busy_tree_is_measured() {
     // The root stands for the keeper; the busy loop is its child, the replica's command.
-    let (root, _guard) = shell("sh -c 'while :; do :; done' & wait");
-    let mut sampler = without_gpus("busy");
+    let (root, _guard, mut sampler) = busy_tree();
     let groups = [Some(root)];
-    let input = |now| TickInput {
-        groups: &groups,
-        ledger: &[None],
-        last_output_unix_ms: &[0],
-        now_unix_ms: now,
-    };
-    find_descendant(root, "sh -c while :; do :; done");
+    let input = |now| one_replica(&groups, now);
     sampler.tick(input(1));
     std::thread::sleep(CPU_READ_EVERY + Duration::from_millis(100));
     let snapshot = sampler.tick(input(2));
@@ -240,16 +250,9 @@ fn cpu_use_of_a_busy_tree_is_measured() {
 
 #[test]
 fn cpu_time_is_read_at_most_every_500_ms_and_its_rate_carried_between() {
-    let (root, _guard) = shell("sh -c 'while :; do :; done' & wait");
-    let mut sampler = without_gpus("busy");
+    let (root, _guard, mut sampler) = busy_tree();
     let groups = [Some(root)];
-    let input = |now| TickInput {
-        groups: &groups,
-        ledger: &[None],
-        last_output_unix_ms: &[0],
-        now_unix_ms: now,
-    };
-    find_descendant(root, "sh -c while :; do :; done");
+    let input = |now| one_replica(&groups, now);
     sampler.tick(input(1));
     assert_eq!(sampler.cpu.beats, 1, "the first tick reads");
     std::thread::sleep(Duration::from_millis(100));
