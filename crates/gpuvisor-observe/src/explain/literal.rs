@@ -194,8 +194,12 @@ fn skip_class(chars: &[char], mut index: usize) -> Option<usize> {
     None
 }
 
-/// The most literals a SIMD multi-literal search (Teddy) handles; beyond it the search falls
-/// back to a slower automaton, so fingerprints are chosen to stay under it.
+/// How many fingerprints the block search is built for. Teddy (the SIMD search) takes up to
+/// [`SIMD_SEARCH_LIMIT`](super::scan::SIMD_SEARCH_LIMIT), but more strings crowd its 16
+/// buckets and let through more false candidates: on the benchmark's 1 GiB log a cover of 81
+/// pieces took 1.8 times as long as one of 64, and 103 pieces 2.5 times (docs/explain.md, "How
+/// it works, and how fast"). So 64 is a budget, kept by the built-in rules' test, not a wall:
+/// a rules file that needs more still runs on Teddy, slower.
 pub const FAST_SEARCH_LIMIT: usize = 64;
 
 /// Shortest fingerprint taken from a longer literal.
@@ -204,21 +208,36 @@ const FINGERPRINT_CHARS: usize = 4;
 /// Chooses, for each literal, a fingerprint: a substring it shares with other literals where
 /// that saves search strings (greedy set cover). Longer pieces are rarer in ordinary log text,
 /// so the cover favours length as much as it can while staying within
-/// [`FAST_SEARCH_LIMIT`] distinct strings. Returns one fingerprint per literal, in order.
+/// [`FAST_SEARCH_LIMIT`] distinct strings; when even the shortest-piece cover needs more,
+/// pairs of pieces are exchanged for one ([`merge_pairs`]). Returns one fingerprint per
+/// literal, in order.
 pub fn fingerprints(literals: &[String]) -> Vec<String> {
     let candidates = fingerprint_candidates(literals);
-    let mut best = Vec::new();
-    for length_weight in [3, 2, 1, 0] {
-        best = greedy_cover(literals.len(), &candidates, length_weight);
-        let mut distinct = best.clone();
+    let debug = std::env::var_os("GPUVISOR_DEBUG_FINGERPRINTS").is_some();
+    let distinct = |chosen: &[String]| {
+        let mut distinct = chosen.to_vec();
         distinct.sort();
         distinct.dedup();
-        if std::env::var_os("GPUVISOR_DEBUG_FINGERPRINTS").is_some() {
-            eprintln!("weight {length_weight}: {} fingerprints", distinct.len());
+        distinct.len()
+    };
+    let covers: Vec<Vec<String>> = [3, 2, 1, 0]
+        .into_iter()
+        .map(|length_weight| greedy_cover(literals.len(), &candidates, length_weight))
+        .collect();
+    // The first within the budget, favouring length (the covers are cheap; exchanges are not).
+    for (chosen, weight) in covers.iter().zip([3, 2, 1, 0]) {
+        if debug {
+            eprintln!("weight {weight}: {} fingerprints", distinct(chosen));
         }
-        if distinct.len() <= FAST_SEARCH_LIMIT {
-            break;
+        if distinct(chosen) <= FAST_SEARCH_LIMIT {
+            return chosen.clone();
         }
+    }
+    // None is: the shortest-piece cover, exchanged down.
+    let mut best = covers.last().cloned().unwrap_or_default();
+    merge_pairs(&mut best, &candidates);
+    if debug {
+        eprintln!("after exchanges: {} fingerprints", distinct(&best));
     }
     best
 }
@@ -290,6 +309,17 @@ fn fingerprint_candidates(literals: &[String]) -> Vec<(String, Bits)> {
         .collect()
 }
 
+/// How rare a piece is likely to be in ordinary log text, for breaking ties: prose (lower-case
+/// letters and spaces) is everywhere in logs, capitals, digits and punctuation much less so;
+/// then longer is rarer.
+fn rarity(piece: &str) -> usize {
+    let marked = piece
+        .chars()
+        .filter(|c| !(c.is_ascii_lowercase() || *c == ' '))
+        .count();
+    marked * 16 + piece.len()
+}
+
 /// Greedy cover scoring each piece by (literals newly covered) x length^weight.
 fn greedy_cover(count: usize, candidates: &[(String, Bits)], weight: u32) -> Vec<String> {
     let mut chosen: Vec<Option<String>> = vec![None; count];
@@ -307,12 +337,12 @@ fn greedy_cover(count: usize, candidates: &[(String, Bits)], weight: u32) -> Vec
     };
     // Lazy greedy: a piece's score only falls as literals get covered, so a piece whose fresh
     // score still tops every other piece's last-known score is the round's best. Keyed (score,
-    // length, position), which picks what scanning for the maximum did (the last of equals),
-    // after rescoring a few pieces per round instead of all of them.
+    // rarity, position): of equal scores the piece likelier to be rare in ordinary text, then the
+    // last; rescoring a few pieces per round instead of all of them.
     let mut heap: std::collections::BinaryHeap<(usize, usize, usize)> = candidates
         .iter()
         .enumerate()
-        .map(|(at, candidate)| (score(&uncovered, candidate), candidate.0.len(), at))
+        .map(|(at, candidate)| (score(&uncovered, candidate), rarity(&candidate.0), at))
         .collect();
     while uncovered.iter().any(|&word| word != 0) {
         let Some((_, length, at)) = heap.pop() else {
@@ -335,6 +365,92 @@ fn greedy_cover(count: usize, candidates: &[(String, Bits)], weight: u32) -> Vec
     let mut chosen: Vec<String> = chosen.into_iter().map(Option::unwrap_or_default).collect();
     drop_redundant(&mut chosen, candidates);
     chosen
+}
+
+/// Replaces two chosen pieces by one where a single candidate covers every literal that has
+/// neither any other chosen piece (a 2-for-1 exchange, repeated until none is left). Greedy
+/// cover is not monotone: one more literal can change its early choices and cost several
+/// pieces, where an exchange afterwards gets them back.
+fn merge_pairs(chosen: &mut [String], candidates: &[(String, Bits)]) {
+    let count = chosen.len();
+    let index_of = |piece: &str| {
+        candidates
+            .binary_search_by(|(candidate, _)| candidate.as_str().cmp(piece))
+            .expect("every chosen piece is a candidate")
+    };
+    let holds = |bits: &Bits, index: usize| bits[index / 64] & (1 << (index % 64)) != 0;
+    // Per literal: the candidates it holds.
+    let mut held_by: Vec<Vec<usize>> = vec![Vec::new(); count];
+    for (at, (_, bits)) in candidates.iter().enumerate() {
+        for (index, held) in held_by.iter_mut().enumerate() {
+            if holds(bits, index) {
+                held.push(at);
+            }
+        }
+    }
+    loop {
+        let mut distinct: Vec<usize> = chosen.iter().map(|piece| index_of(piece)).collect();
+        distinct.sort_unstable();
+        distinct.dedup();
+        // Per literal: how many chosen pieces it holds.
+        let holders: Vec<usize> = (0..count)
+            .map(|index| {
+                distinct
+                    .iter()
+                    .filter(|&&piece| holds(&candidates[piece].1, index))
+                    .count()
+            })
+            .collect();
+        let mut exchanged = false;
+        'pairs: for (first, &p) in distinct.iter().enumerate() {
+            for &q in &distinct[first + 1..] {
+                // Literals only p or q covers.
+                let alone: Vec<usize> = (0..count)
+                    .filter(|&index| {
+                        let in_p = usize::from(holds(&candidates[p].1, index));
+                        let in_q = usize::from(holds(&candidates[q].1, index));
+                        in_p + in_q > 0 && holders[index] == in_p + in_q
+                    })
+                    .collect();
+                let Some(&probe) = alone.first() else {
+                    continue;
+                };
+                let replacement = held_by[probe]
+                    .iter()
+                    .copied()
+                    .filter(|&r| alone.iter().all(|&index| holds(&candidates[r].1, index)))
+                    .max_by_key(|&r| (candidates[r].0.len(), std::cmp::Reverse(r)));
+                let Some(r) = replacement else {
+                    continue;
+                };
+                let kept: Vec<usize> = distinct
+                    .iter()
+                    .copied()
+                    .filter(|&other| other != p && other != q)
+                    .chain([r])
+                    .collect();
+                for (index, slot) in chosen.iter_mut().enumerate() {
+                    let current = index_of(slot);
+                    if current == p || current == q {
+                        let best = kept
+                            .iter()
+                            .copied()
+                            .filter(|&other| holds(&candidates[other].1, index))
+                            .max_by_key(|&other| {
+                                (candidates[other].0.len(), std::cmp::Reverse(other))
+                            })
+                            .expect("the exchange keeps every literal covered");
+                        *slot = candidates[best].0.clone();
+                    }
+                }
+                exchanged = true;
+                break 'pairs;
+            }
+        }
+        if !exchanged {
+            return;
+        }
+    }
 }
 
 /// Drops a chosen piece when every literal it was chosen for also holds another chosen piece

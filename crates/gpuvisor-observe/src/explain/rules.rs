@@ -18,6 +18,7 @@ pub const ANALYSES: &[(&str, &[&str])] = &[
             "other-processes",
             "non-torch-memory",
             "real-pressure",
+            "ranks-on-one-gpu",
         ],
     ),
     ("jax-oom", &[]),
@@ -78,6 +79,13 @@ pub enum Combine {
     /// The sum of every capture on the last line that had one (e.g. "Process N has X memory
     /// in use", repeated for each process in one message).
     Sum,
+    /// How many captures the last line that had one held (the figure's value is the count,
+    /// not a size).
+    Count,
+    /// The smallest capture on the last line that had one.
+    Min,
+    /// The largest capture on the last line that had one.
+    Max,
 }
 
 /// One regex or several.

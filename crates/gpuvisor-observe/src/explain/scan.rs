@@ -13,14 +13,16 @@
 use std::io::{self, Read};
 use std::sync::OnceLock;
 
-use aho_corasick::{AhoCorasick, Input, MatchKind};
 use regex::bytes::Regex;
 
 mod hits;
 mod parallel;
+mod search;
 
 use hits::{line_text, read_figure};
 pub use hits::{FigureValue, Hit, PatternHits};
+use search::BlockSearch;
+pub use search::SIMD_SEARCH_LIMIT;
 
 use super::literal::{fingerprints, required_literal};
 use super::rules::{Combine, Rule};
@@ -86,8 +88,8 @@ impl PatternRef {
 /// All rules compiled for matching.
 #[derive(Debug)]
 pub struct Compiled {
-    /// Finds fingerprints (see [`fingerprints`]) in a block; pattern ids index `fingerprints`.
-    prefilter: AhoCorasick,
+    /// Finds fingerprints (see [`fingerprints`]) in a block; ids index `fingerprints`.
+    prefilter: BlockSearch,
     /// Per fingerprint id: the other fingerprints that start with it or that it starts with.
     /// The block search reports one fingerprint per position, so these are the ones that may
     /// also be present where it reported this one.
@@ -169,12 +171,9 @@ impl Compiled {
                 .expect("every fingerprint is listed");
             patterns_of[id].push(index);
         }
-        // Leftmost-first, so the search runs on the SIMD (Teddy) searcher. It reports one
-        // fingerprint per start position; `same_start` finds the others starting there.
-        let prefilter = AhoCorasick::builder()
-            .match_kind(MatchKind::LeftmostFirst)
-            .build(&distinct)
-            .map_err(|e| CompileError(e.to_string()))?;
+        // It reports one fingerprint per start position; `same_start` finds the others
+        // starting there.
+        let prefilter = BlockSearch::new(&distinct)?;
         let same_start = distinct
             .iter()
             .enumerate()
@@ -319,13 +318,9 @@ impl<'a> Scan<'a> {
         // The line being gathered: its start and end (exclusive, at its newline).
         let mut current: Option<(usize, usize)> = None;
         while position < block.len() {
-            let Some(found) = compiled
-                .prefilter
-                .find(Input::new(block).span(position..block.len()))
-            else {
+            let Some((at, id)) = compiled.prefilter.find(block, position) else {
                 break;
             };
-            let at = found.start();
             if current.is_none_or(|(_, end)| at > end) {
                 if let Some((start, end)) = current {
                     self.line(&block[start..end], newlines + 1);
@@ -338,7 +333,6 @@ impl<'a> Scan<'a> {
                 current = Some((start, end));
             }
             let offset = at - current.map_or(0, |(start, _)| start);
-            let id = found.pattern().as_usize();
             self.mark(id, offset);
             for &other in &compiled.same_start[id] {
                 if block[at..].starts_with(compiled.fingerprints[other].as_bytes()) {
