@@ -6,6 +6,7 @@
 //! an [`analysis`] of the numbers) supports. [`render`] prints the result.
 
 pub mod analysis;
+pub mod fingerprint;
 pub mod literal;
 pub mod render;
 pub mod rules;

@@ -24,7 +24,8 @@ pub use hits::{FigureValue, Hit, PatternHits};
 use search::BlockSearch;
 pub use search::SIMD_SEARCH_LIMIT;
 
-use super::literal::{fingerprints, required_literal};
+use super::fingerprint::fingerprints;
+use super::literal::required_literal;
 use super::rules::{Combine, Rule};
 
 /// Bytes read per block. A line longer than this is matched in pieces.
@@ -456,7 +457,7 @@ mod tests {
         let count = compiled.fingerprints.len();
         eprintln!("{count} fingerprints: {:?}", compiled.fingerprints);
         assert!(
-            count <= crate::explain::literal::FAST_SEARCH_LIMIT,
+            count <= crate::explain::fingerprint::FAST_SEARCH_LIMIT,
             "{count} fingerprints"
         );
     }
