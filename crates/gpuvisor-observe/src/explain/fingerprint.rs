@@ -121,17 +121,6 @@ fn fingerprint_candidates(literals: &[String]) -> Vec<(String, Bits)> {
         .collect()
 }
 
-/// How rare a piece is likely to be in ordinary log text, for breaking ties: prose (lower-case
-/// letters and spaces) is everywhere in logs, capitals, digits and punctuation much less so;
-/// then longer is rarer.
-fn rarity(piece: &str) -> usize {
-    let marked = piece
-        .chars()
-        .filter(|c| !(c.is_ascii_lowercase() || *c == ' '))
-        .count();
-    marked * 16 + piece.len()
-}
-
 /// Greedy cover scoring each piece by (literals newly covered) x length^weight.
 fn greedy_cover(count: usize, candidates: &[(String, Bits)], weight: u32) -> Vec<String> {
     let mut chosen: Vec<Option<String>> = vec![None; count];
@@ -149,12 +138,12 @@ fn greedy_cover(count: usize, candidates: &[(String, Bits)], weight: u32) -> Vec
     };
     // Lazy greedy: a piece's score only falls as literals get covered, so a piece whose fresh
     // score still tops every other piece's last-known score is the round's best. Keyed (score,
-    // rarity, position): of equal scores the piece likelier to be rare in ordinary text, then the
-    // last; rescoring a few pieces per round instead of all of them.
+    // length, position), which picks what scanning for the maximum did (the last of equals),
+    // after rescoring a few pieces per round instead of all of them.
     let mut heap: std::collections::BinaryHeap<(usize, usize, usize)> = candidates
         .iter()
         .enumerate()
-        .map(|(at, candidate)| (score(&uncovered, candidate), rarity(&candidate.0), at))
+        .map(|(at, candidate)| (score(&uncovered, candidate), candidate.0.len(), at))
         .collect();
     while uncovered.iter().any(|&word| word != 0) {
         let Some((_, length, at)) = heap.pop() else {
