@@ -315,7 +315,11 @@ impl KnowledgeBase {
         let analysis = rule.analysis.as_deref().map(|name| {
             let bytes = figures
                 .iter()
-                .filter_map(|(name, figure)| Some((name.clone(), figure.bytes?)))
+                // Sizes in bytes; counts (no unit) as the number they are.
+                .filter_map(|(name, figure)| {
+                    let value = figure.bytes.or_else(|| figure.text.parse().ok())?;
+                    Some((name.clone(), value))
+                })
                 .collect();
             analysis::analyse(name, &bytes)
         });

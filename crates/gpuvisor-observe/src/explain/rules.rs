@@ -79,8 +79,8 @@ pub enum Combine {
     /// The sum of every capture on the last line that had one (e.g. "Process N has X memory
     /// in use", repeated for each process in one message).
     Sum,
-    /// How many captures the last line that had one held (the figure's value is the count,
-    /// not a size).
+    /// How many captures the last line that had one held: a count, not a size (shown as the
+    /// number; the analysis gets it as is).
     Count,
     /// The smallest capture on the last line that had one.
     Min,

@@ -100,7 +100,8 @@ pub(super) fn read_figure(
             last,
             sizes().try_fold(0u64, |sum, bytes| Some(sum.saturating_add(bytes?))),
         ),
-        Combine::Count => (captured.len().to_string(), Some(captured.len() as u64)),
+        // A count, not a size: no bytes (the analysis reads the number from the text).
+        Combine::Count => (captured.len().to_string(), None),
         Combine::Min => extreme(false).map_or((last, None), |(t, b)| (t, Some(b))),
         Combine::Max => extreme(true).map_or((last, None), |(t, b)| (t, Some(b))),
     };
