@@ -1,14 +1,14 @@
 //! The streaming matcher: one pass over a log in fixed-size blocks, in bounded memory.
 //!
-//! Every pattern requires a plain literal, and each literal has a short fingerprint shared
-//! with other literals (see [`super::literal`]). A block is searched for all fingerprints at once
-//! (a SIMD multi-literal search, much faster than the patterns' automaton); only a line holding
-//! one is checked further, and only against the patterns its fingerprints belong to. An
-//! ordinary line costs the literal search and nothing else. The block search itself lists a
-//! line's fingerprints (it goes on one byte past each hit), so no line is searched twice.
-//! Patterns whose further hits would change nothing (a supporting line already seen three
-//! times) are not run again. Per pattern only the count, the first few and the last few hits
-//! are kept (`scan/hits.rs`). Blocks can be matched on several threads (`scan/parallel.rs`).
+//! Every pattern requires a plain literal, and each literal has a short fingerprint shared with
+//! other literals (see [`super::literal`], [`super::fingerprint`]). A block is searched for all
+//! fingerprints at once (a SIMD multi-literal search, `scan/search.rs`, much faster than the
+//! patterns' automaton); only a line holding one is checked further, and only against the patterns
+//! its fingerprints belong to. An ordinary line costs the literal search and nothing else. The
+//! block search itself lists a line's fingerprints (it goes on one byte past each hit), so no line
+//! is searched twice. Patterns whose further hits would change nothing (a supporting line already
+//! seen three times) are not run again. Per pattern only the count, the first few and the last few
+//! hits are kept (`scan/hits.rs`). Blocks can be matched on several threads (`scan/parallel.rs`).
 
 use std::io::{self, Read};
 use std::sync::OnceLock;
