@@ -1,6 +1,6 @@
 //! Analyses that need arithmetic on the figures a rule read, so cannot be plain data: which
-//! reading of a PyTorch out-of-memory message the numbers support, and how much memory a JAX
-//! process needed.
+//! reading of a PyTorch out-of-memory message the numbers support, how much memory a JAX
+//! process needed, and whether the GPU was full when cuDNN could not start under XLA.
 
 use std::collections::BTreeMap;
 
@@ -22,6 +22,7 @@ pub fn analyse(name: &str, figures: &BTreeMap<String, u64>) -> Analysis {
     match name {
         "torch-oom" => torch_oom(figures),
         "jax-oom" => jax_oom(figures),
+        "jax-outside-pool" => jax_outside_pool(figures),
         _ => Analysis::default(),
     }
 }
@@ -141,6 +142,32 @@ fn same_sized_processes(figures: &BTreeMap<String, u64>) -> Option<(u64, u64)> {
     let smallest = *figures.get("other_smallest")?;
     let largest = *figures.get("other_largest")?;
     (count >= 3 && smallest > 0 && largest <= smallest + smallest / 10).then_some((count, largest))
+}
+
+/// Reads XLA's "Memory usage: F bytes free, T bytes total", logged when cuDNN's handle could
+/// not be made: with most of the GPU free, memory was not what failed.
+fn jax_outside_pool(figures: &BTreeMap<String, u64>) -> Analysis {
+    let (Some(free), Some(total)) = (figures.get("free"), figures.get("total")) else {
+        return Analysis::default();
+    };
+    let facts = format!(
+        "{} of the GPU's {} was free when cuDNN could not start",
+        size(*free),
+        size(*total)
+    );
+    if free.saturating_mul(2) > *total {
+        Analysis {
+            variant: Some("gpu-mostly-free"),
+            text: Some(format!(
+                "{facts}: more than half, so not memory; a driver or cuDNN mismatch"
+            )),
+        }
+    } else {
+        Analysis {
+            variant: None,
+            text: Some(format!("{facts}: the GPU was full")),
+        }
+    }
 }
 
 /// Reads the BFC allocator's figures: how much the step needed against the pool's limit.
@@ -316,6 +343,21 @@ mod tests {
     #[test]
     fn torch_without_figures_chooses_nothing() {
         assert_eq!(analyse("torch-oom", &BTreeMap::new()), Analysis::default());
+    }
+
+    #[test]
+    fn jax_outside_pool_with_most_of_the_gpu_free_is_not_memory() {
+        let free = analyse(
+            "jax-outside-pool",
+            &figures(&[("free", 78.5), ("total", 79.2)]),
+        );
+        assert_eq!(free.variant, Some("gpu-mostly-free"));
+        let full = analyse(
+            "jax-outside-pool",
+            &figures(&[("free", 0.5), ("total", 23.6)]),
+        );
+        assert_eq!(full.variant, None);
+        assert!(full.text.unwrap().contains("full"));
     }
 
     #[test]

@@ -22,6 +22,7 @@ pub const ANALYSES: &[(&str, &[&str])] = &[
         ],
     ),
     ("jax-oom", &[]),
+    ("jax-outside-pool", &["gpu-mostly-free"]),
 ];
 
 /// How sure a finding is.
