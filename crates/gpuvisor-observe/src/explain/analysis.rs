@@ -1,6 +1,6 @@
 //! Analyses that need arithmetic on the figures a rule read, so cannot be plain data: which
-//! reading of a PyTorch out-of-memory message the numbers support, and how much memory a JAX
-//! process needed.
+//! reading of a PyTorch out-of-memory message the numbers support, how much memory a JAX
+//! process needed, and whether the GPU was full when cuDNN could not start under XLA.
 
 use std::collections::BTreeMap;
 
@@ -22,6 +22,7 @@ pub fn analyse(name: &str, figures: &BTreeMap<String, u64>) -> Analysis {
     match name {
         "torch-oom" => torch_oom(figures),
         "jax-oom" => jax_oom(figures),
+        "jax-outside-pool" => jax_outside_pool(figures),
         _ => Analysis::default(),
     }
 }
@@ -75,6 +76,7 @@ fn torch_oom(figures: &BTreeMap<String, u64>) -> Analysis {
     if others > 0 {
         facts.push(format!("other processes held {}", size(others)));
     }
+    let siblings = same_sized_processes(figures).filter(|_| others >= tried);
 
     // Outside PyTorch's allocator but inside this process: context, cuDNN/cuBLAS workspaces,
     // NCCL, or another framework's pool.
@@ -85,7 +87,15 @@ fn torch_oom(figures: &BTreeMap<String, u64>) -> Analysis {
     // whatever this process's allocator does, the GPU is shared.
     let shared = matches!((total, free), (Some(total), Some(free))
         if free < tried.max(total / 20) && held < total / 2 && others > total / 4);
-    let (variant, implication) = if !shared && reserved_unallocated.is_some_and(|u| u >= tried) {
+    let (variant, implication) = if let Some((count, each)) = siblings {
+        (
+            "ranks-on-one-gpu",
+            format!(
+                "{count} other processes hold about {} each on this GPU: alike in size, they are this job's other ranks (or workers), each with a context here",
+                size(each)
+            ),
+        )
+    } else if !shared && reserved_unallocated.is_some_and(|u| u >= tried) {
         (
             "fragmentation",
             format!(
@@ -121,6 +131,42 @@ fn torch_oom(figures: &BTreeMap<String, u64>) -> Analysis {
     Analysis {
         variant: Some(variant),
         text: Some(format!("{}: {implication}", facts.join("; "))),
+    }
+}
+
+/// Three or more other processes on the GPU, the largest within 10% of the smallest: the
+/// footprint of one job's ranks or workers that each created a context (and maybe tensors) on
+/// this GPU, not of unrelated jobs, whose sizes differ. Returns how many, and the largest.
+fn same_sized_processes(figures: &BTreeMap<String, u64>) -> Option<(u64, u64)> {
+    let count = *figures.get("other_count")?;
+    let smallest = *figures.get("other_smallest")?;
+    let largest = *figures.get("other_largest")?;
+    (count >= 3 && smallest > 0 && largest <= smallest + smallest / 10).then_some((count, largest))
+}
+
+/// Reads XLA's "Memory usage: F bytes free, T bytes total", logged when cuDNN's handle could
+/// not be made: with most of the GPU free, memory was not what failed.
+fn jax_outside_pool(figures: &BTreeMap<String, u64>) -> Analysis {
+    let (Some(free), Some(total)) = (figures.get("free"), figures.get("total")) else {
+        return Analysis::default();
+    };
+    let facts = format!(
+        "{} of the GPU's {} was free when cuDNN could not start",
+        size(*free),
+        size(*total)
+    );
+    if free.saturating_mul(2) > *total {
+        Analysis {
+            variant: Some("gpu-mostly-free"),
+            text: Some(format!(
+                "{facts}: more than half, so not memory; a driver or cuDNN mismatch"
+            )),
+        }
+    } else {
+        Analysis {
+            variant: None,
+            text: Some(format!("{facts}: the GPU was full")),
+        }
     }
 }
 
@@ -264,8 +310,54 @@ mod tests {
     }
 
     #[test]
+    fn torch_ranks_on_one_gpu_from_same_sized_processes() {
+        let mut listed = figures(&[
+            ("tried", 0.06),
+            ("allocated", 29.9),
+            ("reserved_unallocated", 1.5),
+            ("total_capacity", 39.4),
+            ("free", 0.02),
+            ("process_in_use", 32.2),
+            ("other_processes", 7.14),
+            ("other_smallest", 1.02),
+            ("other_largest", 1.02),
+        ]);
+        listed.insert("other_count".into(), 7);
+        let analysis = analyse("torch-oom", &listed);
+        assert_eq!(analysis.variant, Some("ranks-on-one-gpu"));
+        // Sizes that differ are other jobs, not ranks.
+        listed.insert("other_largest".into(), 4 * GIB);
+        assert_ne!(
+            analyse("torch-oom", &listed).variant,
+            Some("ranks-on-one-gpu")
+        );
+        // Two are not enough to tell.
+        listed.insert("other_largest".into(), GIB);
+        listed.insert("other_count".into(), 2);
+        assert_ne!(
+            analyse("torch-oom", &listed).variant,
+            Some("ranks-on-one-gpu")
+        );
+    }
+
+    #[test]
     fn torch_without_figures_chooses_nothing() {
         assert_eq!(analyse("torch-oom", &BTreeMap::new()), Analysis::default());
+    }
+
+    #[test]
+    fn jax_outside_pool_with_most_of_the_gpu_free_is_not_memory() {
+        let free = analyse(
+            "jax-outside-pool",
+            &figures(&[("free", 78.5), ("total", 79.2)]),
+        );
+        assert_eq!(free.variant, Some("gpu-mostly-free"));
+        let full = analyse(
+            "jax-outside-pool",
+            &figures(&[("free", 0.5), ("total", 23.6)]),
+        );
+        assert_eq!(full.variant, None);
+        assert!(full.text.unwrap().contains("full"));
     }
 
     #[test]

@@ -6,6 +6,7 @@
 //! an [`analysis`] of the numbers) supports. [`render`] prints the result.
 
 pub mod analysis;
+pub mod fingerprint;
 pub mod literal;
 pub mod render;
 pub mod rules;
@@ -314,7 +315,11 @@ impl KnowledgeBase {
         let analysis = rule.analysis.as_deref().map(|name| {
             let bytes = figures
                 .iter()
-                .filter_map(|(name, figure)| Some((name.clone(), figure.bytes?)))
+                // Sizes in bytes; counts (no unit) as the number they are.
+                .filter_map(|(name, figure)| {
+                    let value = figure.bytes.or_else(|| figure.text.parse().ok())?;
+                    Some((name.clone(), value))
+                })
                 .collect();
             analysis::analyse(name, &bytes)
         });

@@ -18,9 +18,11 @@ pub const ANALYSES: &[(&str, &[&str])] = &[
             "other-processes",
             "non-torch-memory",
             "real-pressure",
+            "ranks-on-one-gpu",
         ],
     ),
     ("jax-oom", &[]),
+    ("jax-outside-pool", &["gpu-mostly-free"]),
 ];
 
 /// How sure a finding is.
@@ -78,6 +80,13 @@ pub enum Combine {
     /// The sum of every capture on the last line that had one (e.g. "Process N has X memory
     /// in use", repeated for each process in one message).
     Sum,
+    /// How many captures the last line that had one held: a count, not a size (shown as the
+    /// number; the analysis gets it as is).
+    Count,
+    /// The smallest capture on the last line that had one.
+    Min,
+    /// The largest capture on the last line that had one.
+    Max,
 }
 
 /// One regex or several.

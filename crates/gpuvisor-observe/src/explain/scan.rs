@@ -1,28 +1,31 @@
 //! The streaming matcher: one pass over a log in fixed-size blocks, in bounded memory.
 //!
-//! Every pattern requires a plain literal, and each literal has a short fingerprint shared
-//! with other literals (see [`super::literal`]). A block is searched for all fingerprints at once
-//! (a SIMD multi-literal search, much faster than the patterns' automaton); only a line holding
-//! one is checked further, and only against the patterns its fingerprints belong to. An
-//! ordinary line costs the literal search and nothing else. The block search itself lists a
-//! line's fingerprints (it goes on one byte past each hit), so no line is searched twice.
-//! Patterns whose further hits would change nothing (a supporting line already seen three
-//! times) are not run again. Per pattern only the count, the first few and the last few hits
-//! are kept (`scan/hits.rs`). Blocks can be matched on several threads (`scan/parallel.rs`).
+//! Every pattern requires a plain literal, and each literal has a short fingerprint shared with
+//! other literals (see [`super::literal`], [`super::fingerprint`]). A block is searched for all
+//! fingerprints at once (a SIMD multi-literal search, `scan/search.rs`, much faster than the
+//! patterns' automaton); only a line holding one is checked further, and only against the patterns
+//! its fingerprints belong to. An ordinary line costs the literal search and nothing else. The
+//! block search itself lists a line's fingerprints (it goes on one byte past each hit), so no line
+//! is searched twice. Patterns whose further hits would change nothing (a supporting line already
+//! seen three times) are not run again. Per pattern only the count, the first few and the last few
+//! hits are kept (`scan/hits.rs`). Blocks can be matched on several threads (`scan/parallel.rs`).
 
 use std::io::{self, Read};
 use std::sync::OnceLock;
 
-use aho_corasick::{AhoCorasick, Input, MatchKind};
 use regex::bytes::Regex;
 
 mod hits;
 mod parallel;
+mod search;
 
 use hits::{line_text, read_figure};
 pub use hits::{FigureValue, Hit, PatternHits};
+use search::BlockSearch;
+pub use search::SIMD_SEARCH_LIMIT;
 
-use super::literal::{fingerprints, required_literal};
+use super::fingerprint::fingerprints;
+use super::literal::required_literal;
 use super::rules::{Combine, Rule};
 
 /// Bytes read per block. A line longer than this is matched in pieces.
@@ -86,8 +89,8 @@ impl PatternRef {
 /// All rules compiled for matching.
 #[derive(Debug)]
 pub struct Compiled {
-    /// Finds fingerprints (see [`fingerprints`]) in a block; pattern ids index `fingerprints`.
-    prefilter: AhoCorasick,
+    /// Finds fingerprints (see [`fingerprints`]) in a block; ids index `fingerprints`.
+    prefilter: BlockSearch,
     /// Per fingerprint id: the other fingerprints that start with it or that it starts with.
     /// The block search reports one fingerprint per position, so these are the ones that may
     /// also be present where it reported this one.
@@ -169,12 +172,9 @@ impl Compiled {
                 .expect("every fingerprint is listed");
             patterns_of[id].push(index);
         }
-        // Leftmost-first, so the search runs on the SIMD (Teddy) searcher. It reports one
-        // fingerprint per start position; `same_start` finds the others starting there.
-        let prefilter = AhoCorasick::builder()
-            .match_kind(MatchKind::LeftmostFirst)
-            .build(&distinct)
-            .map_err(|e| CompileError(e.to_string()))?;
+        // It reports one fingerprint per start position; `same_start` finds the others
+        // starting there.
+        let prefilter = BlockSearch::new(&distinct)?;
         let same_start = distinct
             .iter()
             .enumerate()
@@ -319,13 +319,9 @@ impl<'a> Scan<'a> {
         // The line being gathered: its start and end (exclusive, at its newline).
         let mut current: Option<(usize, usize)> = None;
         while position < block.len() {
-            let Some(found) = compiled
-                .prefilter
-                .find(Input::new(block).span(position..block.len()))
-            else {
+            let Some((at, id)) = compiled.prefilter.find(block, position) else {
                 break;
             };
-            let at = found.start();
             if current.is_none_or(|(_, end)| at > end) {
                 if let Some((start, end)) = current {
                     self.line(&block[start..end], newlines + 1);
@@ -338,7 +334,6 @@ impl<'a> Scan<'a> {
                 current = Some((start, end));
             }
             let offset = at - current.map_or(0, |(start, _)| start);
-            let id = found.pattern().as_usize();
             self.mark(id, offset);
             for &other in &compiled.same_start[id] {
                 if block[at..].starts_with(compiled.fingerprints[other].as_bytes()) {
@@ -462,7 +457,7 @@ mod tests {
         let count = compiled.fingerprints.len();
         eprintln!("{count} fingerprints: {:?}", compiled.fingerprints);
         assert!(
-            count <= crate::explain::literal::FAST_SEARCH_LIMIT,
+            count <= crate::explain::fingerprint::FAST_SEARCH_LIMIT,
             "{count} fingerprints"
         );
     }

@@ -82,15 +82,31 @@ pub(super) fn read_figure(
         .map(|group| String::from_utf8_lossy(group.as_bytes()).into_owned())
         .collect();
     let last = captured.last()?.clone();
-    let bytes = match combine {
-        Combine::Last => parse_log_size(&last),
-        Combine::Sum => captured
-            .iter()
-            .map(|text| parse_log_size(text))
-            .try_fold(0u64, |sum, bytes| Some(sum.saturating_add(bytes?))),
+    let sizes = || captured.iter().map(|text| parse_log_size(text));
+    // Min and max keep the capture they came from as the text.
+    let extreme = |larger: bool| -> Option<(String, u64)> {
+        let sizes: Vec<u64> = sizes().collect::<Option<_>>()?;
+        let places = 0..sizes.len();
+        let at = if larger {
+            places.max_by_key(|&at| sizes[at])
+        } else {
+            places.min_by_key(|&at| sizes[at])
+        }?;
+        Some((captured[at].clone(), sizes[at]))
+    };
+    let (text, bytes) = match combine {
+        Combine::Last => (last.clone(), parse_log_size(&last)),
+        Combine::Sum => (
+            last,
+            sizes().try_fold(0u64, |sum, bytes| Some(sum.saturating_add(bytes?))),
+        ),
+        // A count, not a size: no bytes (the analysis reads the number from the text).
+        Combine::Count => (captured.len().to_string(), None),
+        Combine::Min => extreme(false).map_or((last, None), |(t, b)| (t, Some(b))),
+        Combine::Max => extreme(true).map_or((last, None), |(t, b)| (t, Some(b))),
     };
     Some(FigureValue {
-        text: last,
+        text,
         bytes,
         line: number,
     })
