@@ -575,7 +575,7 @@ def main():
         return
     chosen = args.only or list(SECTIONS)
     load_before = load_average()
-    body, chart_errors = [], []
+    body, chart_errors, sections = [], [], []
     try:
         for name in chosen:
             print(f"bench: {name} ...", file=sys.stderr)
@@ -586,9 +586,17 @@ def main():
                 # Keep the measurements: the table is written, the failure reported at the end.
                 chart_errors.append(f"{name}: {error}")
             body += lines + [""]
+            sections.append(lines)
     finally:
         if Tools._built:
             Tools._built.cleanup()
+    if args.only and args.output.exists():
+        # Some sections: each replaces its own `## heading` in the page; the rest stays as it was.
+        for lines in sections:
+            replace_section(lines[0].removeprefix("## ").strip(), "\n".join(lines).rstrip(), args.output)
+        print(f"bench: replaced {', '.join(chosen)} in {args.output}", file=sys.stderr)
+        report_chart_errors(chart_errors)
+        return
     rustc = sh(["rustc", "--version"]).stdout.strip()
     command = "python3 scripts/bench.py" + (" --quick" if args.quick else "") + \
         (" --only " + " ".join(args.only) if args.only else "")
@@ -608,6 +616,10 @@ def main():
     ]
     args.output.write_text("\n".join(header + body).rstrip() + "\n")
     print(f"bench: wrote {args.output}", file=sys.stderr)
+    report_chart_errors(chart_errors)
+
+
+def report_chart_errors(chart_errors):
     if chart_errors:
         sys.exit("bench: no chart for " + "; ".join(chart_errors) +
                  "\nhint: make bench_section_charts.py read the new table, then run "
