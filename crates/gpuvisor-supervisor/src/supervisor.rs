@@ -401,6 +401,7 @@ pub fn supervise(
         holdings,
         makespan_ms: None,
         added: Vec::new(),
+        tick_inputs: Default::default(),
     };
     run.events
         .write(&Event::JobStart(gpuvisor_record::event::JobStart {
@@ -527,6 +528,8 @@ struct Run<'hooks> {
     makespan_ms: Option<u64>,
     /// Names of the processes added while the job runs (`gpuvisor queue add`).
     added: Vec<String>,
+    /// The sampler's inputs, refilled each tick.
+    tick_inputs: sample_loop::TickInputs,
 }
 
 /// How long an exit waits for the replica's pipes to close (to read its last lines).
