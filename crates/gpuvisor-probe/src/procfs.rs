@@ -111,18 +111,33 @@ pub fn owner_uid(pid: i32) -> Option<u32> {
 /// parents are reparented to their subreaper, so this is the job's tree as far as it can be
 /// seen).
 pub fn job_tree(groups: &[i32]) -> Vec<i32> {
-    let processes = all_processes();
+    members_of(&all_processes(), groups)
+}
+
+/// [`job_tree`] over a list of processes: in one pass over them and one over the members
+/// (a set of the groups, each process's children by parent), not a pass over every process
+/// per member (with 1,024 replicas that was millions of comparisons per scan).
+pub fn members_of(processes: &[ProcStat], groups: &[i32]) -> Vec<i32> {
+    use std::collections::{HashMap, HashSet};
+    let groups: HashSet<i32> = groups.iter().copied().collect();
+    let mut children: HashMap<i32, Vec<i32>> = HashMap::new();
+    for process in processes {
+        children.entry(process.ppid).or_default().push(process.pid);
+    }
     let mut members: Vec<i32> = processes
         .iter()
         .filter(|process| groups.contains(&process.pgid))
         .map(|process| process.pid)
         .collect();
+    let mut seen: HashSet<i32> = members.iter().copied().collect();
     let mut cursor = 0;
     while cursor < members.len() {
-        let parent = members[cursor];
-        for process in &processes {
-            if process.ppid == parent && !members.contains(&process.pid) {
-                members.push(process.pid);
+        for &child in children
+            .get(&members[cursor])
+            .map_or(&[][..], Vec::as_slice)
+        {
+            if seen.insert(child) {
+                members.push(child);
             }
         }
         cursor += 1;
