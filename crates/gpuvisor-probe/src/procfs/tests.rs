@@ -1,5 +1,6 @@
 //! The /proc reader on captured text and on live processes.
 
+use std::collections::HashSet;
 use std::os::unix::fs::MetadataExt;
 
 use super::*;
@@ -219,10 +220,10 @@ fn a_job_tree_is_its_groups_and_everything_below_them() {
         process(51, 50, 50), // and its child
         process(60, 1, 60),  // another keeper
     ];
-    let mut members = members_of(&processes, &[10, 60]);
+    let mut members = members_of(&processes, &[10, 60], &HashSet::new());
     members.sort_unstable();
     assert_eq!(members, vec![10, 11, 20, 30, 40, 60]);
-    assert!(members_of(&processes, &[]).is_empty());
+    assert!(members_of(&processes, &[], &HashSet::new()).is_empty());
 }
 
 #[test]
@@ -246,5 +247,22 @@ fn a_large_job_tree_has_every_keeper_and_command() {
         })
         .collect();
     let groups: Vec<i32> = (0..1024).map(|replica| 10_000 + replica * 2).collect();
-    assert_eq!(members_of(&processes, &groups).len(), 2048);
+    assert_eq!(members_of(&processes, &groups, &HashSet::new()).len(), 2048);
+}
+
+#[test]
+fn known_members_are_searched_below_but_not_returned() {
+    // The sampler knows the keeper (10) and its command (11); their stat is not read (not in
+    // the list), and a worker of the command and its child are still found.
+    let process = |pid, ppid, pgid| ProcStat { pid, ppid, pgid };
+    let others = [
+        process(20, 11, 20), // a worker in its own group, below the known command
+        process(21, 20, 20), // its child
+        process(50, 1, 50),  // someone else's
+    ];
+    let known: HashSet<i32> = [10, 11].into_iter().collect();
+    let mut found = members_of(&others, &[10], &known);
+    found.sort_unstable();
+    assert_eq!(found, vec![20, 21]);
+    assert!(members_of(&others, &[10], &HashSet::new()).is_empty());
 }

@@ -398,7 +398,10 @@ impl Run<'_> {
         pids.extend(&groups);
         self.scans += 1;
         if self.scans % 10 == 1 {
-            pids.extend(procfs::job_tree(&groups));
+            // The members the sampler knows are not read again: the others are found below
+            // them or in the job's groups.
+            let known: std::collections::HashSet<i32> = pids.iter().copied().collect();
+            pids.extend(procfs::job_tree_beyond(&groups, &known));
         }
         // Maps are read for every pid while a candidate file is new, else only for pids not
         // read yet (a new process may have inherited a mapping).
