@@ -376,7 +376,6 @@ impl Watch {
             if stall_after.is_some() {
                 window.record(now, replica.cpu_percent, interval);
             }
-            let cpu_percent = window.average().unwrap_or(replica.cpu_percent);
             let (Some(stall_after), Some(quiet_ms), Some(_)) =
                 (stall_after, replica.quiet_ms, replica.pid)
             else {
@@ -419,6 +418,10 @@ impl Watch {
                 snapshot.replicas[index].stall = Some(kind.name().to_string());
                 continue;
             }
+            // Averaged only here, where a stall is judged (the window is a walk over its points).
+            let cpu_percent = self.cpu_windows[index]
+                .average()
+                .unwrap_or(replica.cpu_percent);
             let mut evidence = StallEvidence {
                 cpu_percent,
                 gpu_utilization_percent: replica.gpu_utilization_percent,
