@@ -13,8 +13,8 @@ replicas of `sleep 600` (`device = "cpu"`, so each replica is a keeper plus its 
 processes) and `[job] sample_interval = "100ms"`, with `--metrics` on a free port. Measured:
 
 - start-up: from the command's start to the last replica's `start` event (its timestamp);
-- supervisor CPU: utime + stime of the supervisor process (all its threads, /proc/PID/stat) over
-  a window of S seconds (default 10) once every replica has started and 2 s have passed;
+- supervisor CPU: the run time of the supervisor's threads (/proc/PID/task/*/schedstat, in ns)
+  over a window of S seconds (default 10) once every replica has started and 2 s have passed;
 - supervisor RSS (VmRSS) at the end of the window;
 - `gpuvisor ps RUN` wall time, the median of 7 (the live reply over the control socket);
 - metrics scrape: a GET of /metrics, the median of 7;
@@ -45,7 +45,6 @@ from bench_section_charts import with_chart
 
 ROOT = Path(__file__).resolve().parent.parent
 HEADING = "Scale: 64 to 1,024 replicas"
-TICKS = os.sysconf("SC_CLK_TCK")
 # The issue's goals at 1,024 replicas.
 GOALS = {"startup_s": 2.0, "cpu_percent": 2.0, "rss_mib": 64.0, "ps_s": 0.1}
 # How long `gpuvisor stop` may take before the run is killed instead (and the cell says so).
@@ -60,9 +59,17 @@ def build():
 
 
 def cpu_seconds(pid):
-    text = Path(f"/proc/{pid}/stat").read_text()
-    fields = text[text.rindex(")") + 2:].split()
-    return (int(fields[11]) + int(fields[12])) / TICKS
+    """CPU time of every thread of `pid`, in seconds: the sum of each thread's schedstat (run
+    time in ns), which resolves what utime + stime count in 10 ms ticks (0.1% of a core over a
+    10 s window, as much as the figures it compares). The supervisor's threads live as long as
+    the run, so none of the window's time leaves with an ended thread."""
+    total_ns = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            total_ns += int((task / "schedstat").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue  # a thread that ended meanwhile
+    return total_ns / 1e9
 
 
 def rss_mib(pid):
@@ -224,7 +231,7 @@ def section(args):
         f"{os.cpu_count()} cores shared with other work).", "",
         "N CPU-only replicas of `sleep 600` (each a keeper plus its command: 2N processes). Start-up "
         "runs from `gpuvisor run` to the last replica's `start` event; CPU is the supervisor process "
-        "(all its threads, not keepers or replicas) over the window; `ps` and the scrape are "
+        "(the run time of all its threads from their schedstat, not keepers or replicas) over the window; `ps` and the scrape are "
         "medians of 7, `top --once` of 3, all against the live run; then `gpuvisor stop` brings it "
         "down (killed after 60 s)." +
         (f" *before* is the binary given as `--baseline` ({label}), *after* the one under test, "
@@ -251,26 +258,40 @@ def section(args):
 
 # Measured by hand (issue 21), the figures the table cannot show: where the time goes.
 PROFILE = (
-    "Where the time goes at 1,024 replicas (measured by hand on 2026-11-25, before = 8e59119, "
-    "after = this build, interleaved at a load average of 7 to 9: per-process and per-thread CPU from "
-    "`/proc/PID/schedstat`, the supervisor's system calls over 5 s with `strace -c -f`, its "
-    "instructions with `perf record` at 2 kHz). *Start-up* was bound by waiting, not by work: "
-    "`posix_spawn` returns once the keeper has exec'd, and on this busy machine every keeper first "
-    "waits for a CPU, so starting replicas one at a time the event loop spent 4.1 s of a 6.0 s start "
-    "waiting for a CPU (1,447 waits) and 0.35 s running. Replicas started in one step of the state "
-    "machine are now started from 4 threads at once, the waits overlap, and the same start took "
-    "2.0 s (0.4 s waited, 0.18 s run). The machine's CPU per replica fell too: the keeper is its own "
-    "binary, `gpuvisor-keeper` (0.5 MiB of code and 900 relocations against the CLI's 11 MiB and "
-    "18,000), starts the command with `posix_spawn` instead of a fork, and no longer loads the shim "
-    "and the simulator (`LD_PRELOAD` is handed to it under another name, for the command): 2.04 to "
-    "1.41 ms per keeper, the command's own start unchanged (1.46 ms: `sleep` with the shim and the "
-    "simulator preloaded). *Steady CPU*: the sampler's /proc reads fell from 3,202 to 656 `pread`s a "
-    "second: a process whose CPU time did not move is read every 2 s instead of every 500 ms, and a "
-    "tree none of whose members ran (none can have forked) is re-read every 10 s instead of every 2 s. "
-    "What is left of a tick is user time spread over the ledger's integrity check (a sixth), the "
-    "sampler's tick, the policies (each replica's 10 s CPU history) and the event loop. The CPU "
-    "figures of one build vary about twofold with the machine's load (the same binaries measured "
-    "2.1 and 4.5% of a core twenty minutes apart): compare rows of the same run."
+    "Where the time goes at 1,024 replicas (measured by hand on 2026-11-25, before = 237e025, "
+    "after = this build, interleaved at a load average of 2 to 9: per-thread and per-process CPU "
+    "from `schedstat`, the supervisor's instructions with `perf record --call-graph dwarf` at 1 to "
+    "4 kHz over 10 to 20 s, shares below of the supervisor's samples). *Steady CPU, before*: the "
+    "policies were the largest part (16%: every replica's 10 s CPU history pushed and trimmed each "
+    "tick, its policy copied per replica and per process), then the ledger's integrity check "
+    "(12%), the sampler's tick (7%) and the `samples/` record (6%: built and cloned each tick); "
+    "and every wake-up of the event loop fed the state machine a tick that went over all 1,024 "
+    "replicas four times, looked at every replica for a pending exit, and scanned them all again "
+    "for the next deadline. *After*: a tick with nothing new and nothing due is answered without "
+    "visiting the replicas (the machine keeps a settled flag and its next deadline), pending exits "
+    "are a set, the CPU history is kept only for replicas with a `stall_after` and gains an entry "
+    "only when the rate changes, the record is refilled in place, and the footprint's full /proc "
+    "scan (every tenth footprint sample) reads only the processes the sampler does not know (it "
+    "was 10% of a tick at 1,024, and a pass over every process per member). The policies fell to "
+    "2%. What is left: the sampler's tick (40%; about half of its own time is two hash lookups per "
+    "process per tick, its stat and its CPU track: per-tree vectors would remove them), the "
+    "ledger's check (16%; kept whole every tick, as damage must be an event within a tick, and "
+    "with its 4,096 slots read from cold memory it is most of the fixed part: 0.4% of a core at "
+    "64 replicas), the record (6%) and the /proc reads of CPU time (one `pread` per process every "
+    "2 s while it sleeps). *Stop*: each of 1,024 exits re-read the whole ledger and the cgroup's "
+    "OOM count (64% of a stop's samples); exits flushed together now share one read. *Start-up* is "
+    "the machine's CPU for 2,048 execs on 2 cores: 1.1 to 1.2 ms per keeper and 1.1 to 1.2 ms per "
+    "command (`sleep` with the shim and the simulator preloaded; their constructors do no work, the "
+    "cost is loading them), 0.2 s on the supervisor's threads, and the last `start` event follows "
+    "the first by 13 ms. A static-pie keeper (`cargo rustc --release -p gpuvisor-cli --bin "
+    "gpuvisor-keeper -- -C target-feature=+crt-static`) starts in 0.86 ms instead of 1.14 (no "
+    "dynamic loader, no libc or libgcc_s to map), but cargo cannot give one binary of a package "
+    "its own target feature, so the build does not make it. The same binaries' start-up varied "
+    "from 1.4 to 2.5 s within minutes: compare rows of the same run. The table's CPU medians sit "
+    "within the spread of their rounds; measured by hand in five interleaved pairs (1,024 "
+    "replicas, a 10 s window of schedstat each, two of them with `--metrics`, load average 1.1 "
+    "to 5.9), before read 1.42 to 1.86% of a core and after 1.17 to 1.48%, each pair 16 to 31% "
+    "lower."
 )
 
 

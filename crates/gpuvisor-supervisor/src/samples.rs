@@ -30,6 +30,8 @@ pub struct SampleWriter {
     dir: PathBuf,
     tiers: Vec<Tier>,
     header_written: bool,
+    /// The record of the latest tick, refilled by the next (no allocation per tick).
+    latest: Record,
 }
 
 impl std::fmt::Debug for SampleWriter {
@@ -68,6 +70,7 @@ impl SampleWriter {
                 .map(|(&(name, span_ms), file_ms)| tier(name, span_ms, file_ms))
                 .collect(),
             header_written: false,
+            latest: Record::default(),
         })
     }
 
@@ -84,24 +87,31 @@ impl SampleWriter {
             fs::write(self.dir.join(HEADER_FILE), text + "\n")?;
             self.header_written = true;
         }
-        let record = record_of(snapshot);
-        let now = snapshot.time_unix_ms;
+        let mut record = std::mem::take(&mut self.latest);
+        fill_record(&mut record, snapshot);
+        let written = self.append_record(&record);
+        self.latest = record;
+        written
+    }
+
+    fn append_record(&mut self, record: &Record) -> io::Result<()> {
+        let now = record.time_unix_ms;
         for index in 0..self.tiers.len() {
             let tier = &mut self.tiers[index];
-            let done = if tier.span_ms == 0 {
-                Some(record.clone())
-            } else {
-                let bucket_of = |ms: u64| ms / tier.span_ms;
-                match &mut tier.bucket {
-                    Some(bucket) if bucket_of(bucket.time_unix_ms) == bucket_of(now) => {
-                        merge(bucket, &record);
-                        None
-                    }
-                    slot => {
-                        let mut start = record.clone();
-                        start.time_unix_ms = now - now % tier.span_ms;
-                        slot.replace(start).map(finish)
-                    }
+            if tier.span_ms == 0 {
+                self.write(index, record)?;
+                continue;
+            }
+            let bucket_of = |ms: u64| ms / tier.span_ms;
+            let done = match &mut tier.bucket {
+                Some(bucket) if bucket_of(bucket.time_unix_ms) == bucket_of(now) => {
+                    merge(bucket, record);
+                    None
+                }
+                slot => {
+                    let mut start = record.clone();
+                    start.time_unix_ms = now - now % tier.span_ms;
+                    slot.replace(start).map(finish)
                 }
             };
             if let Some(done) = done {
@@ -136,31 +146,26 @@ impl SampleWriter {
     }
 }
 
-fn record_of(snapshot: &Snapshot) -> Record {
-    Record {
-        time_unix_ms: snapshot.time_unix_ms,
-        ticks: 1,
-        gpus: snapshot
-            .gpus
-            .iter()
-            .map(|gpu| GpuPoint {
-                used_bytes: gpu.used_bytes,
-                utilization_percent: gpu.utilization_percent.map(|p| p as f32),
-            })
-            .collect(),
-        replicas: snapshot
-            .replicas
-            .iter()
-            .map(|replica| ReplicaPoint {
-                rss_bytes: replica.rss_bytes,
-                cpu_percent: replica.cpu_percent,
-                gpu_bytes: replica.gpu_bytes,
-                ledger_bytes: replica.ledger_used_bytes,
-                processes: replica.process_count,
-                untracked_bytes: replica.untracked_bytes,
-            })
-            .collect(),
-    }
+/// Fills `record` with `snapshot`'s figures, in the record's own buffers.
+fn fill_record(record: &mut Record, snapshot: &Snapshot) {
+    record.time_unix_ms = snapshot.time_unix_ms;
+    record.ticks = 1;
+    record.gpus.clear();
+    record.gpus.extend(snapshot.gpus.iter().map(|gpu| GpuPoint {
+        used_bytes: gpu.used_bytes,
+        utilization_percent: gpu.utilization_percent.map(|p| p as f32),
+    }));
+    record.replicas.clear();
+    record
+        .replicas
+        .extend(snapshot.replicas.iter().map(|replica| ReplicaPoint {
+            rss_bytes: replica.rss_bytes,
+            cpu_percent: replica.cpu_percent,
+            gpu_bytes: replica.gpu_bytes,
+            ledger_bytes: replica.ledger_used_bytes,
+            processes: replica.process_count,
+            untracked_bytes: replica.untracked_bytes,
+        }));
 }
 
 #[cfg(test)]

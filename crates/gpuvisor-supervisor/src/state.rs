@@ -83,6 +83,12 @@ pub struct Machine {
     failed: bool,
     finished: bool,
     rng: u64,
+    /// The last pass over the replicas ([`Machine::advance`]) found nothing to do: until an
+    /// input other than [`Input::Tick`] or the next deadline, another pass would find nothing
+    /// either, so a tick is answered without visiting the replicas.
+    settled: bool,
+    /// The first deadline (a backoff ending, a grace period running out) as of the last pass.
+    next_due: Option<u64>,
 }
 
 impl Machine {
@@ -107,6 +113,8 @@ impl Machine {
             failed: false,
             finished: false,
             rng: seed | 1,
+            settled: false,
+            next_due: None,
         }
     }
 
@@ -114,6 +122,7 @@ impl Machine {
     /// no `after` here: it waits only for room ([`Room::Queued`]) or starts at the next step.
     pub fn add(&mut self, member: Member) -> usize {
         self.slots.push(Slot::new(member, 0));
+        self.settled = false;
         self.slots.len() - 1
     }
 
@@ -127,8 +136,13 @@ impl Machine {
         self.shutting_down
     }
 
-    /// The first time something is due (a backoff ending, a grace period running out).
+    /// The first time something is due (a backoff ending, a grace period running out), as of
+    /// the last step (only a step changes the replicas).
     pub fn next_deadline(&self) -> Option<u64> {
+        self.next_due
+    }
+
+    fn first_deadline(&self) -> Option<u64> {
         self.slots
             .iter()
             .filter_map(|slot| match slot.phase {
@@ -147,6 +161,12 @@ impl Machine {
     pub fn step(&mut self, now: u64, input: Input) -> Vec<Action> {
         let mut actions = Vec::new();
         if self.finished {
+            return actions;
+        }
+        // The event loop ticks on every wake-up: with nothing new and nothing due, a tick is
+        // answered at once instead of with passes over every replica.
+        if matches!(input, Input::Tick) && self.settled && self.next_due.is_none_or(|due| due > now)
+        {
             return actions;
         }
         match input {
@@ -245,7 +265,14 @@ impl Machine {
                 }
             }
         }
+        let before = actions.len();
         self.advance(now, &mut actions);
+        // One pass that found nothing to do leaves nothing for the next one (its only change
+        // without an action, a backoff ending, is followed in the same pass by the start
+        // check); a pass that did something may have made more due (a blocked replica blocks
+        // the ones after it at the next pass).
+        self.settled = actions.len() == before;
+        self.next_due = self.first_deadline();
         actions
     }
 

@@ -401,6 +401,9 @@ pub fn supervise(
         holdings,
         makespan_ms: None,
         added: Vec::new(),
+        tick_inputs: Default::default(),
+        exiting: Default::default(),
+        replica_of_pid: Default::default(),
     };
     run.events
         .write(&Event::JobStart(gpuvisor_record::event::JobStart {
@@ -527,6 +530,13 @@ struct Run<'hooks> {
     makespan_ms: Option<u64>,
     /// Names of the processes added while the job runs (`gpuvisor queue add`).
     added: Vec<String>,
+    /// The sampler's inputs, refilled each tick.
+    tick_inputs: sample_loop::TickInputs,
+    /// Replicas whose exit waits to be classified ([`Track::pending_exit`] is set): the
+    /// event loop looks at these on each wake-up, not at every replica.
+    exiting: std::collections::BTreeSet<usize>,
+    /// Each running replica's index by its keeper's pid (what the reaper reports).
+    replica_of_pid: std::collections::HashMap<i32, usize>,
 }
 
 /// How long an exit waits for the replica's pipes to close (to read its last lines).

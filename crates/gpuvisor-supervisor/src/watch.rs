@@ -6,6 +6,8 @@
 //! remedies, so every rule is testable without processes.
 
 use std::collections::{HashSet, VecDeque};
+
+use cpu_window::CpuWindow;
 use std::time::Duration;
 
 use crate::events::Event;
@@ -88,8 +90,15 @@ struct ThreadWindow {
 /// How many samples a thread window keeps.
 const THREAD_SAMPLES: usize = 20;
 
-/// How far back CPU use is averaged for stall classification.
-const CPU_WINDOW_MS: u64 = 10_000;
+/// The policy of a replica the job gave none (one added while it runs).
+const NO_POLICY: ReplicaPolicy = ReplicaPolicy {
+    shim_enforced: false,
+    cpu_only: false,
+    children_cpu_only: false,
+    on_budget_exceeded: BudgetAction::Warn,
+    on_gpu_use: GpuUseAction::Warn,
+    stall_after: None,
+};
 
 /// The policies' memory between ticks.
 #[derive(Debug, Default)]
@@ -100,8 +109,8 @@ pub struct Watch {
     stalled: Vec<Option<StallKind>>,
     gpu_use_reported: HashSet<i32>,
     headroom_low: Vec<bool>,
-    /// Per replica: (time ms, cumulative CPU percent·ms) over the window.
-    cpu_history: Vec<VecDeque<(u64, f64)>>,
+    /// Per replica with a stall rule: its CPU use over the last 10 s.
+    cpu_windows: Vec<CpuWindow>,
     /// Per replica: its processes' indices in the snapshot; kept between ticks so a tick
     /// reuses the lists instead of allocating one per replica.
     members: Vec<Vec<usize>>,
@@ -124,14 +133,15 @@ impl Watch {
             config,
             over_budget: vec![false; count],
             stalled: vec![None; count],
-            cpu_history: vec![VecDeque::new(); count],
+            cpu_windows: vec![CpuWindow::default(); count],
             ..Watch::default()
         }
     }
 
-    /// The policy of replica `index` (defaults when the job gave none).
-    fn policy(&self, index: usize) -> ReplicaPolicy {
-        self.config.replicas.get(index).cloned().unwrap_or_default()
+    /// The policy of replica `index` (defaults when the job gave none): borrowed, as it is
+    /// looked up per replica and process every tick.
+    fn policy(&self, index: usize) -> &ReplicaPolicy {
+        self.config.replicas.get(index).unwrap_or(&NO_POLICY)
     }
 
     /// Checks one snapshot (marking headroom alarms and stalls in it) and the shim's
@@ -205,6 +215,7 @@ impl Watch {
             if policy.shim_enforced || policy.cpu_only || replica.budget_bytes == 0 {
                 continue;
             }
+            let on_budget_exceeded = policy.on_budget_exceeded;
             // The budget is per GPU: the most the tree holds on any one GPU.
             let mut per_gpu: Vec<(u32, u64)> = Vec::new();
             for process in members[index].iter().map(|&at| &snapshot.processes[at]) {
@@ -227,7 +238,7 @@ impl Watch {
             self.over_budget.resize(snapshot.replicas.len(), false);
             let over = used > replica.budget_bytes;
             if over && !self.over_budget[index] {
-                let action = policy.on_budget_exceeded;
+                let action = on_budget_exceeded;
                 let reason = format!(
                     "GPU memory {used} bytes on GPU {gpu} is over its budget of {} bytes",
                     replica.budget_bytes
@@ -347,36 +358,26 @@ impl Watch {
     ) {
         let now = snapshot.time_unix_ms;
         self.thread_windows.resize(snapshot.replicas.len(), None);
-        let interval = snapshot.interval_ms.max(1) as f64;
+        let interval = snapshot.interval_ms.max(1);
         self.stalled.resize(snapshot.replicas.len(), None);
-        self.cpu_history
-            .resize(snapshot.replicas.len(), VecDeque::new());
+        self.cpu_windows
+            .resize(snapshot.replicas.len(), CpuWindow::default());
         for (index, own) in members.iter().enumerate().take(snapshot.replicas.len()) {
             let replica = &snapshot.replicas[index];
+            // Only replicas with a stall rule need their CPU history.
+            let stall_after = self
+                .config
+                .replicas
+                .get(index)
+                .and_then(|policy| policy.stall_after);
             // CPU use integrated over time (monotonic even when processes come and go); each
             // tick's figure covers the time since the previous tick.
-            let history = &mut self.cpu_history[index];
-            let (last_ms, last_total) = history.back().copied().unwrap_or((now, 0.0));
-            let covered = if history.is_empty() {
-                interval
-            } else {
-                now.saturating_sub(last_ms) as f64
-            };
-            let total = last_total + f64::from(replica.cpu_percent) * covered;
-            history.push_back((now, total));
-            while history.len() > 2 && history[1].0 + CPU_WINDOW_MS <= now {
-                history.pop_front();
+            let window = &mut self.cpu_windows[index];
+            if stall_after.is_some() {
+                window.record(now, replica.cpu_percent, interval);
             }
-            let (first_ms, first_total) = history[0];
-            let span = now.saturating_sub(first_ms) as f64;
-            let cpu_percent = if span > 0.0 {
-                ((total - first_total) / span) as f32
-            } else {
-                replica.cpu_percent
-            };
-            let policy = self.policy(index);
             let (Some(stall_after), Some(quiet_ms), Some(_)) =
-                (policy.stall_after, replica.quiet_ms, replica.pid)
+                (stall_after, replica.quiet_ms, replica.pid)
             else {
                 self.stalled[index] = None;
                 self.thread_windows[index] = None;
@@ -417,6 +418,10 @@ impl Watch {
                 snapshot.replicas[index].stall = Some(kind.name().to_string());
                 continue;
             }
+            // Averaged only here, where a stall is judged (the window is a walk over its points).
+            let cpu_percent = self.cpu_windows[index]
+                .average()
+                .unwrap_or(replica.cpu_percent);
             let mut evidence = StallEvidence {
                 cpu_percent,
                 gpu_utilization_percent: replica.gpu_utilization_percent,
@@ -484,6 +489,8 @@ impl Watch {
         }
     }
 }
+
+mod cpu_window;
 
 #[cfg(test)]
 mod tests;

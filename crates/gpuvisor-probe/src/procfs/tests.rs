@@ -1,5 +1,6 @@
 //! The /proc reader on captured text and on live processes.
 
+use std::collections::HashSet;
 use std::os::unix::fs::MetadataExt;
 
 use super::*;
@@ -203,4 +204,65 @@ fn a_process_tree_is_walked_through_children_lists() {
         "the child is in the tree: {found:?}"
     );
     assert!(tree(i32::MAX).is_empty(), "no such process");
+}
+
+#[test]
+fn a_job_tree_is_its_groups_and_everything_below_them() {
+    let process = |pid, ppid, pgid| ProcStat { pid, ppid, pgid };
+    let processes = [
+        process(1, 0, 1),
+        process(30, 20, 30), // left its group (setsid), below a member: in
+        process(10, 1, 10),  // a keeper: group 10
+        process(11, 10, 10), // its command
+        process(20, 11, 10), // a worker
+        process(40, 30, 40), // below that one: in
+        process(50, 1, 50),  // someone else's
+        process(51, 50, 50), // and its child
+        process(60, 1, 60),  // another keeper
+    ];
+    let mut members = members_of(&processes, &[10, 60], &HashSet::new());
+    members.sort_unstable();
+    assert_eq!(members, vec![10, 11, 20, 30, 40, 60]);
+    assert!(members_of(&processes, &[], &HashSet::new()).is_empty());
+}
+
+#[test]
+fn a_large_job_tree_has_every_keeper_and_command() {
+    // 1,024 keepers, each with its command.
+    let processes: Vec<ProcStat> = (0..1024)
+        .flat_map(|replica| {
+            let keeper = 10_000 + replica * 2;
+            [
+                ProcStat {
+                    pid: keeper,
+                    ppid: 1,
+                    pgid: keeper,
+                },
+                ProcStat {
+                    pid: keeper + 1,
+                    ppid: keeper,
+                    pgid: keeper,
+                },
+            ]
+        })
+        .collect();
+    let groups: Vec<i32> = (0..1024).map(|replica| 10_000 + replica * 2).collect();
+    assert_eq!(members_of(&processes, &groups, &HashSet::new()).len(), 2048);
+}
+
+#[test]
+fn known_members_are_searched_below_but_not_returned() {
+    // The sampler knows the keeper (10) and its command (11); their stat is not read (not in
+    // the list), and a worker of the command and its child are still found.
+    let process = |pid, ppid, pgid| ProcStat { pid, ppid, pgid };
+    let others = [
+        process(20, 11, 20), // a worker in its own group, below the known command
+        process(21, 20, 20), // its child
+        process(50, 1, 50),  // someone else's
+    ];
+    let known: HashSet<i32> = [10, 11].into_iter().collect();
+    let mut found = members_of(&others, &[10], &known);
+    found.sort_unstable();
+    assert_eq!(found, vec![20, 21]);
+    assert!(members_of(&others, &[10], &HashSet::new()).is_empty());
 }

@@ -16,6 +16,20 @@ fn member(process: &str, after: &[&str]) -> Member {
     }
 }
 
+/// A `worker` restarted by `policy` up to 10 times, backing off from `initial_ms` to `max_ms`.
+fn backing_off(policy: RestartPolicy, initial_ms: u64, max_ms: u64) -> Member {
+    let mut worker = member("worker", &[]);
+    worker.restart = RestartSpec {
+        policy,
+        max_restarts: 10,
+        window_ms: 1_000_000,
+        backoff_initial_ms: initial_ms,
+        backoff_max_ms: max_ms,
+        ..RestartSpec::default()
+    };
+    worker
+}
+
 fn spawns(actions: &[Action]) -> Vec<usize> {
     actions
         .iter()
@@ -74,15 +88,7 @@ fn an_exit_readiness_waits_for_a_successful_exit() {
 
 #[test]
 fn restarts_back_off_exponentially_with_a_cap() {
-    let mut worker = member("worker", &[]);
-    worker.restart = RestartSpec {
-        policy: RestartPolicy::OnFailure,
-        max_restarts: 10,
-        window_ms: 1_000_000,
-        backoff_initial_ms: 100,
-        backoff_max_ms: 500,
-        ..RestartSpec::default()
-    };
+    let worker = backing_off(RestartPolicy::OnFailure, 100, 500);
     let mut machine = Machine::new(vec![worker], 42);
     machine.step(0, Input::Tick);
     let mut now = 0;
@@ -396,4 +402,83 @@ fn a_process_after_one_on_another_node_waits_for_its_gate() {
     assert!(machine
         .step(3, Input::Gate("other".into(), true))
         .is_empty());
+}
+
+// A tick with nothing new and nothing due is answered without a pass over the replicas
+// (`Machine::settled`): these check that what time alone makes due still happens.
+
+#[test]
+fn a_backoff_ends_on_time_after_many_idle_ticks() {
+    let worker = backing_off(RestartPolicy::Always, 1000, 1000);
+    let mut machine = Machine::new(vec![worker, member("other", &[])], 3);
+    machine.step(0, Input::Tick);
+    machine.step(0, Input::Spawned(0));
+    machine.step(0, Input::Spawned(1));
+    machine.step(10, exit(0, false));
+    let Phase::Backoff { until } = machine.slots()[0].phase else {
+        panic!("not backing off: {:?}", machine.slots()[0].phase);
+    };
+    assert_eq!(machine.next_deadline(), Some(until));
+    for now in (11..until).step_by(7) {
+        assert!(machine.step(now, Input::Tick).is_empty(), "at {now}");
+    }
+    assert_eq!(spawns(&machine.step(until, Input::Tick)), vec![0]);
+    // Started again: no deadline left, and idle ticks stay idle.
+    assert_eq!(machine.next_deadline(), None);
+    assert!(machine.step(until + 1, Input::Tick).is_empty());
+}
+
+#[test]
+fn a_grace_period_ends_in_sigkill_after_idle_ticks() {
+    let mut machine = Machine::new(vec![member("worker", &[])], 3);
+    machine.step(0, Input::Tick);
+    machine.step(0, Input::Spawned(0));
+    machine.step(0, Input::StopProcess("worker".into()));
+    assert_eq!(machine.next_deadline(), Some(1000));
+    for now in 1..1000 {
+        assert!(!machine.step(now, Input::Tick).contains(&Action::Kill(0)));
+    }
+    assert!(machine.step(1000, Input::Tick).contains(&Action::Kill(0)));
+    assert_eq!(machine.next_deadline(), None);
+}
+
+#[test]
+fn a_chain_of_blocked_replicas_is_blocked_to_its_end_by_ticks() {
+    // Listed so that one pass blocks only the first of the chain: each later pass blocks the
+    // next, so the ticks after a pass that did something must not be skipped.
+    let mut server = member("server", &[]);
+    server.ready_when_started = false;
+    let mut machine = Machine::new(
+        vec![
+            member("c", &["b"]),
+            member("b", &["a"]),
+            member("a", &["server"]),
+            server,
+        ],
+        5,
+    );
+    machine.step(0, Input::Tick);
+    machine.step(0, Input::Spawned(3));
+    let mut blocked = kinds(&machine.step(1, exit(3, true)));
+    let mut now = 2;
+    while !machine.slots().iter().all(|slot| slot.phase.is_final()) && now < 10 {
+        blocked.extend(kinds(&machine.step(now, Input::Tick)));
+        now += 1;
+    }
+    assert_eq!(
+        blocked.iter().filter(|kind| *kind == "blocked").count(),
+        3,
+        "{blocked:?}"
+    );
+    assert!(blocked.contains(&"job-end".to_string()), "{blocked:?}");
+}
+
+#[test]
+fn an_added_replica_starts_at_the_next_tick() {
+    let mut machine = Machine::new(vec![member("worker", &[])], 3);
+    machine.step(0, Input::Tick);
+    machine.step(0, Input::Spawned(0));
+    assert!(machine.step(1, Input::Tick).is_empty());
+    let index = machine.add(member("worker", &[]));
+    assert_eq!(spawns(&machine.step(2, Input::Tick)), vec![index]);
 }

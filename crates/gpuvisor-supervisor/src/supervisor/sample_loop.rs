@@ -4,32 +4,61 @@ use super::*;
 use crate::sampler::TickInput;
 use crate::watch::Remedy;
 
+/// What the sampler is given each tick, kept between ticks so that a tick refills them.
+#[derive(Debug, Default)]
+pub(super) struct TickInputs {
+    groups: Vec<Option<i32>>,
+    ledger: Vec<Option<GpuUsage>>,
+    last_output: Vec<u64>,
+}
+
 impl Run<'_> {
     /// One sampler tick.
     pub(super) fn tick_sampler(&mut self, inputs: &mut Vec<Input>) {
         let now_unix_ms = crate::clock::now_unix_ms();
-        let groups: Vec<Option<i32>> = self.tracks.iter().map(|track| track.pid).collect();
-        let ledger: Vec<Option<GpuUsage>> =
-            self.tracks.iter().map(|track| track.gpu.clone()).collect();
+        let now = Instant::now();
+        // The tick's inputs go into buffers kept between ticks (no allocation per tick).
+        let mut groups = std::mem::take(&mut self.tick_inputs.groups);
+        groups.clear();
+        groups.extend(self.tracks.iter().map(|track| track.pid));
+        let mut ledger = std::mem::take(&mut self.tick_inputs.ledger);
+        ledger.resize(self.tracks.len(), None);
+        for (usage, track) in ledger.iter_mut().zip(&self.tracks) {
+            match (usage, &track.gpu) {
+                (Some(usage), Some(gpu)) => usage.clone_from(gpu),
+                (usage, gpu) => *usage = gpu.clone(),
+            }
+        }
         // Quiet since the later of its last output and the start of its current life.
-        let last_output: Vec<u64> = self
-            .tracks
-            .iter()
-            .zip(self.last_output.iter())
-            .map(|(track, last)| {
-                let started = track
-                    .started
-                    .map(|started| now_unix_ms.saturating_sub(started.elapsed().as_millis() as u64))
-                    .unwrap_or(0);
-                last.load(Ordering::Relaxed).max(started)
-            })
-            .collect();
+        let mut last_output = std::mem::take(&mut self.tick_inputs.last_output);
+        last_output.clear();
+        last_output.extend(
+            self.tracks
+                .iter()
+                .zip(self.last_output.iter())
+                .map(|(track, last)| {
+                    let started = track
+                        .started
+                        .map(|started| {
+                            now_unix_ms.saturating_sub(
+                                now.saturating_duration_since(started).as_millis() as u64,
+                            )
+                        })
+                        .unwrap_or(0);
+                    last.load(Ordering::Relaxed).max(started)
+                }),
+        );
         let mut snapshot = self.sampler.tick(TickInput {
             groups: &groups,
             ledger: &ledger,
             last_output_unix_ms: &last_output,
             now_unix_ms,
         });
+        self.tick_inputs = TickInputs {
+            groups,
+            ledger,
+            last_output,
+        };
         for ((row, slot), track) in snapshot
             .replicas
             .iter_mut()

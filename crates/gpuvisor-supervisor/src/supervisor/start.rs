@@ -78,6 +78,8 @@ impl Run<'_> {
         track.started = Some(Instant::now());
         track.signalled = None;
         track.pending_exit = None;
+        self.exiting.remove(&index);
+        self.replica_of_pid.insert(started.pid, index);
         track.closed = None;
         self.footprint.pids.insert(started.pid);
         let ready = match &self.specs[index].readiness {
