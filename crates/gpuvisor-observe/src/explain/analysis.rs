@@ -43,12 +43,17 @@ fn torch_oom(figures: &BTreeMap<String, u64>) -> Analysis {
         .or_else(|| get("reserved_total").map(|reserved| reserved.saturating_sub(allocated)));
     let total = get("total_capacity");
     let free = get("free");
-    let process_in_use = get("process_in_use");
+    // "this process has 0 bytes memory in use" beside tensors PyTorch did allocate: NVML had
+    // no per-process figures (a container without the host's pids), so the listed ones (all 0)
+    // say nothing either.
+    let nvml_blind = get("process_in_use") == Some(0) && allocated > 0;
+    let process_in_use = get("process_in_use").filter(|_| !nvml_blind);
     // Old messages do not say what this process holds: what PyTorch reserved is a lower bound.
     let held =
         process_in_use.unwrap_or(allocated.saturating_add(reserved_unallocated.unwrap_or(0)));
     // Other processes: as listed, else what neither this process nor the free memory accounts for.
-    let others = get("other_processes").unwrap_or_else(|| match (total, free) {
+    let listed_others = get("other_processes").filter(|_| !nvml_blind);
+    let others = listed_others.unwrap_or_else(|| match (total, free) {
         (Some(total), Some(free)) if process_in_use.is_none() => {
             total.saturating_sub(free.saturating_add(held))
         }
@@ -88,13 +93,14 @@ fn torch_oom(figures: &BTreeMap<String, u64>) -> Analysis {
     let shared = matches!((total, free), (Some(total), Some(free))
         if free < tried.max(total / 20) && held < total / 2 && others > total / 4);
     let (variant, implication) = if let Some((count, each)) = siblings {
-        (
-            "ranks-on-one-gpu",
-            format!(
-                "{count} other processes hold about {} each on this GPU: alike in size, they are this job's other ranks (or workers), each with a context here",
-                size(each)
-            ),
-        )
+        let implication = if each == 0 {
+            // NVML had no per-process figure (in a container without the host's pids it
+            // reports 0 for every process, this one included): the count is the evidence.
+            format!("{count} other processes have a context on this GPU (NVML gave no per-process figures: every one reads 0 bytes); that many on one GPU are this job's other ranks (or workers), each with a context here")
+        } else {
+            format!("{count} other processes hold about {} each on this GPU: alike in size, they are this job's other ranks (or workers), each with a context here", size(each))
+        };
+        ("ranks-on-one-gpu", implication)
     } else if !shared && reserved_unallocated.is_some_and(|u| u >= tried) {
         (
             "fragmentation",
@@ -137,11 +143,13 @@ fn torch_oom(figures: &BTreeMap<String, u64>) -> Analysis {
 /// Three or more other processes on the GPU, the largest within 10% of the smallest: the
 /// footprint of one job's ranks or workers that each created a context (and maybe tensors) on
 /// this GPU, not of unrelated jobs, whose sizes differ. Returns how many, and the largest.
+/// Every one at 0 bytes counts too: NVML then had no per-process figure (the caller checks that
+/// other processes do hold the memory the request needed).
 fn same_sized_processes(figures: &BTreeMap<String, u64>) -> Option<(u64, u64)> {
     let count = *figures.get("other_count")?;
     let smallest = *figures.get("other_smallest")?;
     let largest = *figures.get("other_largest")?;
-    (count >= 3 && smallest > 0 && largest <= smallest + smallest / 10).then_some((count, largest))
+    (count >= 3 && largest <= smallest + smallest / 10).then_some((count, largest))
 }
 
 /// Reads XLA's "Memory usage: F bytes free, T bytes total", logged when cuDNN's handle could
@@ -333,6 +341,42 @@ mod tests {
         );
         // Two are not enough to tell.
         listed.insert("other_largest".into(), GIB);
+        listed.insert("other_count".into(), 2);
+        assert_ne!(
+            analyse("torch-oom", &listed).variant,
+            Some("ranks-on-one-gpu")
+        );
+    }
+
+    #[test]
+    fn torch_ranks_on_one_gpu_when_nvml_reads_every_process_as_zero() {
+        // NVML without per-process figures: every process, this one too, "has 0 bytes".
+        let mut listed = figures(&[
+            ("tried", 0.13),
+            ("allocated", 10.47),
+            ("reserved_unallocated", 0.09),
+            ("total_capacity", 79.1),
+            ("free", 0.0125),
+            ("process_in_use", 0.0),
+            ("other_processes", 0.0),
+            ("other_smallest", 0.0),
+            ("other_largest", 0.0),
+        ]);
+        listed.insert("other_count".into(), 7);
+        let analysis = analyse("torch-oom", &listed);
+        assert_eq!(analysis.variant, Some("ranks-on-one-gpu"));
+        let text = analysis.text.expect("text");
+        assert!(text.contains("7 other processes have a context"), "{text}");
+        assert!(!text.contains("this process held 0"), "{text}");
+        // One process at 0 among sizes that differ is not a sign of ranks.
+        listed.insert("other_largest".into(), 4 * GIB);
+        listed.insert("other_processes".into(), 4 * GIB);
+        assert_ne!(
+            analyse("torch-oom", &listed).variant,
+            Some("ranks-on-one-gpu")
+        );
+        // Only two others at 0 bytes: not enough to tell.
+        listed.insert("other_largest".into(), 0);
         listed.insert("other_count".into(), 2);
         assert_ne!(
             analyse("torch-oom", &listed).variant,
