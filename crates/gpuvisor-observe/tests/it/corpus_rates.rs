@@ -206,7 +206,7 @@ fn batch_lines(batches: &BTreeMap<(u32, bool), Tally>) -> String {
 /// Each unseen batch's first score: measured when it arrived, before any rule changed for it
 /// (docs/explain.md, "Rates on real logs"). Batches 1-3 came before the manifest kept batch
 /// numbers. (batch, failure logs, detected, right fix.)
-const FIRST_SCORES: [(u32, u32, u32, u32); 14] = [
+const FIRST_SCORES: [(u32, u32, u32, u32); 15] = [
     (1, 72, 49, 43),
     (2, 17, 7, 7),
     (3, 15, 12, 12),
@@ -221,6 +221,7 @@ const FIRST_SCORES: [(u32, u32, u32, u32); 14] = [
     (12, 46, 41, 41),
     (13, 48, 44, 42),
     (14, 46, 39, 39),
+    (15, 41, 33, 33),
 ];
 
 /// The first scores, one line per batch and their sum: the honest figure for unseen logs.
@@ -371,7 +372,8 @@ fn rates_on_real_logs() {
     // 101/115 held out. After tuning on batch 11's tuning positions: 352/356 and 349/356
     // tuning, 104/115 and 102/115 held out. With batch 12 added untuned: 383/390 and 380/390
     // tuning, 114/127 and 112/127 held out. With batch 14 added untuned: 451/461 and 451/461
-    // tuning, 136/150 and 134/150 held out.
+    // tuning, 136/150 and 134/150 held out. With batch 15 added untuned: 480/493 and 480/493
+    // tuning, 145/159 and 143/159 held out.
     floor("tuning: detected", tune.detected, tune.logs, 0.97);
     floor("tuning: right fix", tune.right, tune.logs, 0.97);
     floor("held out: detected", held.detected, held.logs, 0.89);
