@@ -373,11 +373,12 @@ fn rates_on_real_logs() {
     // tuning, 104/115 and 102/115 held out. With batch 12 added untuned: 383/390 and 380/390
     // tuning, 114/127 and 112/127 held out. With batch 14 added untuned: 451/461 and 451/461
     // tuning, 136/150 and 134/150 held out. With batch 15 added untuned: 480/493 and 480/493
-    // tuning, 145/159 and 143/159 held out.
-    floor("tuning: detected", tune.detected, tune.logs, 0.97);
-    floor("tuning: right fix", tune.right, tune.logs, 0.97);
-    floor("held out: detected", held.detected, held.logs, 0.89);
-    floor("held out: right fix", held.right, held.logs, 0.88);
+    // tuning, 145/159 and 143/159 held out. After tuning on batch 15's tuning positions:
+    // 486/493 and 486/493 tuning, 147/159 and 145/159 held out.
+    floor("tuning: detected", tune.detected, tune.logs, 0.98);
+    floor("tuning: right fix", tune.right, tune.logs, 0.98);
+    floor("held out: detected", held.detected, held.logs, 0.92);
+    floor("held out: right fix", held.right, held.logs, 0.91);
     assert_eq!(
         tune_h.false_alarms + held_h.false_alarms,
         0,
