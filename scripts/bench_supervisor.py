@@ -41,6 +41,8 @@ from bench_section_charts import with_chart
 ROOT = Path(__file__).resolve().parent.parent
 LINE = "2026-11-21 12:00:00 INFO actor step=123456 reward=0.98765 loss=0.0123 fps=4567"
 MARKER = b"reward=0.98765"
+# The row of gpuvisor with `logs = "direct"` (the children write their own files).
+DIRECT = 'gpuvisor, logs = "direct"'
 WORKLOAD = {"yes", "timeout", "sh"}
 TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -154,10 +156,10 @@ def run_tool(name, argv, cwd, seconds, stop, outputs, env=None, stdout=None):
             "elapsed": elapsed, "mb_per_s": written / seconds / 1e6}
 
 
-def bench_gpuvisor(binary, work, children, seconds):
+def bench_gpuvisor(binary, work, children, seconds, direct=False):
     job = work / "job.toml"
     job.write_text(f'[process.chatty]\ncommand = ["sh", "-c", "{child_command(seconds)}"]\n'
-                   f'replicas = {children}\ndevice = "cpu"\n')
+                   f'replicas = {children}\ndevice = "cpu"\n' + ('logs = "direct"\n' if direct else ''))
     return run_tool("gpuvisor", [str(binary), "run", str(job), "--run-dir", str(work / "run"),
                                  "--simulate", "1x80GiB", "--quiet"],
                     work, seconds, lambda p: p.send_signal(signal.SIGINT),
@@ -317,6 +319,12 @@ def bytes_sentence(rows):
                 f"{lines_ours / lines_theirs:.2f}x supervisord's lines per second at "
                 f"{per_kline('gpuvisor') / per_kline('supervisord'):.2f}x its CPU per line (goals: at least "
                 "1.5x and at most 0.5x).")
+    if any(row["tool"] == DIRECT for row in rows):
+        lines_direct = mean(DIRECT, "rate")
+        sentence += (f" With `logs = \"direct\"` (each child writes its own files, gpuvisor dates them): "
+                     f"{lines_direct / 1e6:.1f} M lines/s, {lines_direct / lines_theirs:.2f}x supervisord's lines "
+                     f"per second at {per_kline(DIRECT) / per_kline('supervisord'):.2f}x its CPU per line "
+                     f"({per_kline(DIRECT):.1f} µs per 1,000 lines against {per_kline('supervisord'):.0f}).")
     if any(row["tool"].startswith("gpuvisor before") for row in rows):
         sentence += (f" The baseline (*gpuvisor before*): {mean('gpuvisor before', 'rate') / 1e6:.1f} M lines/s at "
                      f"{per_kline('gpuvisor before'):.0f} µs of CPU per 1,000 lines, against "
@@ -340,10 +348,12 @@ def section(args):
         bin_dir = venv(tmp)
         # Rounds interleave the tools, so a burst of load on this shared machine hits all three.
         for round_number in range(1, rounds + 1):
+            direct = lambda binary, work, children, seconds: bench_gpuvisor(binary, work, children, seconds, True)
             tools = [(name, bench_gpuvisor, path) for name, path in gpuvisors] + [
+                (DIRECT, direct, binary),
                 ("supervisord", bench_supervisord, bin_dir), ("honcho", bench_honcho, bin_dir)]
             for name, bench, tool in tools:
-                work = tmp / name.split()[0]
+                work = tmp / name.split()[0].strip(",")
                 work.mkdir()
                 print(f"bench: round {round_number}, logs under {name} ...", file=sys.stderr)
                 row = bench(tool, work, children, seconds)

@@ -185,3 +185,5 @@ pub use read::{parse, read_tail, Line, LineReader, LogLine};
 
 #[cfg(test)]
 mod tests;
+
+pub mod direct;

@@ -11,7 +11,7 @@ use std::str::FromStr;
 use gpuvisor_core::env::Coordinator;
 use gpuvisor_core::plan::Plan;
 use gpuvisor_core::spec::{Diagnostic, JobSpec, ReadyWhen};
-use gpuvisor_supervisor::spawn::Launch;
+use gpuvisor_supervisor::spawn::{Launch, Output};
 use gpuvisor_supervisor::supervisor::{Readiness, ReplicaSpec};
 use nix::sys::signal::Signal;
 use regex::bytes::Regex;
@@ -191,6 +191,7 @@ pub fn replica_specs(
                     argv: replica.argv.clone(),
                     env,
                     cwd,
+                    output: Output::Pipes,
                 },
                 after: replica.after.clone(),
                 restart: process.restart.clone(),
@@ -206,6 +207,7 @@ pub fn replica_specs(
                     None => job_readiness(&process.ready)?,
                 },
                 budget_bytes: replica.budget_bytes,
+                direct_logs: process.direct_logs,
             })
         })
         .collect()

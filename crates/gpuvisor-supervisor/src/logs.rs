@@ -8,7 +8,11 @@
 //!
 //! It also watches for readiness lines (a regex per replica) and keeps the tail of each
 //! replica's output, handed over when both pipes close, for exit-cause classification.
+//!
+//! A replica with direct logs (`logs = "direct"`) has no pipes: it writes its own files, and
+//! the pump only dates them (see [`direct`]).
 
+use std::collections::HashMap;
 use std::fs::File;
 use std::io::{self, Read, Write};
 use std::os::fd::{AsFd, OwnedFd};
@@ -21,13 +25,17 @@ use std::thread::JoinHandle;
 use gpuvisor_record::log_file::Stream as Pipe;
 use nix::fcntl::{fcntl, FcntlArg, OFlag};
 use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags};
+use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify, WatchDescriptor};
 use nix::unistd::pipe;
 use regex::bytes::Regex;
 
 use crate::clock::{now_unix_ms, rfc3339_ms};
+use crate::spawn::StartedOutput;
 use crate::terminal::TerminalQueue;
+use direct::DirectReplica;
 use replica_file::ReplicaFile;
 
+mod direct;
 mod replica_file;
 
 /// How the log files are kept.
@@ -70,6 +78,11 @@ const READ_BYTES: usize = 1 << 16;
 const EVENTS_PER_WAKE: usize = 256;
 /// The epoll token of the wake pipe; a stream's token is its slot in `Pump::streams` + 1.
 const WAKE_TOKEN: u64 = 0;
+/// The epoll token of the inotify descriptor (direct logs).
+const INOTIFY_TOKEN: u64 = u64::MAX;
+/// Direct logs are looked at this often even without an inotify event (a lost or
+/// overflowed event, or no inotify at all).
+const LOOK_ALL_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 /// How long [`LogPump::finish`] waits for pipes still open.
 const FINISH_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
 
@@ -78,15 +91,25 @@ struct Registration {
     /// Its log file's stem when the pump was not told at the start (a replica added later).
     stem: Option<String>,
     generation: u64,
-    stdout: OwnedFd,
-    stderr: OwnedFd,
+    output: StartedOutput,
     ready: Option<Regex>,
+}
+
+/// What the supervisor hands the pump thread.
+enum Request {
+    Register(Registration),
+    /// A replica's life ended (direct logs: its last look and its exit-cause tail are due).
+    Exited {
+        replica: usize,
+        generation: u64,
+    },
 }
 
 /// The handle to the pump thread.
 #[derive(Debug)]
 pub struct LogPump {
-    sender: Sender<Registration>,
+    dir: PathBuf,
+    sender: Sender<Request>,
     last_output: Arc<Vec<AtomicU64>>,
     wake: OwnedFd,
     thread: JoinHandle<()>,
@@ -111,6 +134,7 @@ impl LogPump {
         events: Box<dyn Fn(LogEvent) + Send>,
     ) -> io::Result<LogPump> {
         let (sender, receiver) = mpsc::channel();
+        let dir = config.dir.clone();
         let last_output: Arc<Vec<AtomicU64>> =
             Arc::new(file_stems.iter().map(|_| AtomicU64::new(0)).collect());
         let (wake_read, wake) = pipe()?;
@@ -132,11 +156,19 @@ impl LogPump {
             wake: File::from(wake_read),
             buffer: vec![0; READ_BYTES],
             write_failures: Vec::new(),
+            direct: Vec::new(),
+            inotify: None,
+            watches: HashMap::new(),
+            dirty: Vec::new(),
+            inotify_armed: true,
+            look_due: None,
+            last_look_all: std::time::Instant::now(),
         };
         let thread = std::thread::Builder::new()
             .name("gpuvisor-logs".into())
             .spawn(move || pump.run())?;
         Ok(LogPump {
+            dir,
             sender,
             last_output,
             wake,
@@ -148,6 +180,11 @@ impl LogPump {
     /// detection.
     pub fn last_output(&self) -> Arc<Vec<AtomicU64>> {
         Arc::clone(&self.last_output)
+    }
+
+    /// The `logs/` directory.
+    pub fn dir(&self) -> &std::path::Path {
+        &self.dir
     }
 
     /// Hands a started replica's pipes to the pump.
@@ -174,20 +211,54 @@ impl LogPump {
         stderr: OwnedFd,
         ready: Option<Regex>,
     ) -> io::Result<()> {
-        set_nonblocking(&stdout)?;
-        set_nonblocking(&stderr)?;
+        self.register_output(
+            replica,
+            stem,
+            generation,
+            StartedOutput::Pipes { stdout, stderr },
+            ready,
+        )
+    }
+
+    /// Hands a started replica's output to the pump: its pipes, or with direct logs where
+    /// its files start.
+    pub fn register_output(
+        &self,
+        replica: usize,
+        stem: Option<String>,
+        generation: u64,
+        output: StartedOutput,
+        ready: Option<Regex>,
+    ) -> io::Result<()> {
+        if let StartedOutput::Pipes { stdout, stderr } = &output {
+            set_nonblocking(stdout)?;
+            set_nonblocking(stderr)?;
+        }
         let registration = Registration {
             replica,
             stem,
             generation,
-            stdout,
-            stderr,
+            output,
             ready,
         };
-        if self.sender.send(registration).is_ok() {
+        self.send(Request::Register(registration));
+        Ok(())
+    }
+
+    /// Replica `replica`'s life `generation` ended: with direct logs the pump looks at its
+    /// files a last time and hands over its tail ([`LogEvent::Closed`]); with pipes that
+    /// happens when they close, and this does nothing.
+    pub fn exited(&self, replica: usize, generation: u64) {
+        self.send(Request::Exited {
+            replica,
+            generation,
+        });
+    }
+
+    fn send(&self, request: Request) {
+        if self.sender.send(request).is_ok() {
             let _ = nix::unistd::write(&self.wake, b"r");
         }
-        Ok(())
     }
 
     /// Waits until every registered pipe has closed, then stops the thread.
@@ -226,11 +297,24 @@ struct Pump {
     open_streams: usize,
     /// Every open pipe and the wake pipe: a wake-up costs the ready pipes, not all of them.
     epoll: Epoll,
-    receiver: Receiver<Registration>,
+    receiver: Receiver<Request>,
     wake: File,
     buffer: Vec<u8>,
     /// Failed writes per replica (the first is said on stderr).
     write_failures: Vec<u64>,
+    /// Replicas with direct logs, by index.
+    direct: Vec<Option<DirectReplica>>,
+    /// Watches the direct log files (created at the first one; `None` without inotify: then
+    /// they are looked at every [`LOOK_ALL_EVERY`]).
+    inotify: Option<Inotify>,
+    watches: HashMap<WatchDescriptor, usize>,
+    /// Replicas whose files changed since the last look.
+    dirty: Vec<usize>,
+    /// The inotify descriptor is in the epoll set (it is taken out for [`direct::LOOK_EVERY`]
+    /// after each event, so that a chatty child's writes gather into one look).
+    inotify_armed: bool,
+    look_due: Option<std::time::Instant>,
+    last_look_all: std::time::Instant,
 }
 
 impl Pump {
@@ -251,7 +335,8 @@ impl Pump {
                     return;
                 }
             }
-            let count = match self.epoll.wait(&mut ready, 500u16) {
+            let timeout: u16 = if self.look_due.is_some() { 1 } else { 500 };
+            let count = match self.epoll.wait(&mut ready, timeout) {
                 Ok(count) => count,
                 Err(nix::errno::Errno::EINTR) => continue,
                 Err(error) => {
@@ -262,6 +347,10 @@ impl Pump {
             stamp.update();
             for event in &ready[..count] {
                 let token = event.data();
+                if token == INOTIFY_TOKEN {
+                    self.take_inotify_events();
+                    continue;
+                }
                 if token == WAKE_TOKEN {
                     let mut drain = [0u8; 64];
                     while matches!((&self.wake).read(&mut drain), Ok(n) if n > 0) {}
@@ -273,7 +362,229 @@ impl Pump {
                     self.close_slot(slot, &stamp);
                 }
             }
+            self.look_at_direct(&stamp, !accepting);
         }
+    }
+
+    /// Looks at the direct logs that changed, once [`direct::LOOK_EVERY`] has passed since
+    /// the first change; all of them every [`LOOK_ALL_EVERY`], and at the end.
+    fn look_at_direct(&mut self, stamp: &Stamp, ending: bool) {
+        let now = std::time::Instant::now();
+        if ending || now.duration_since(self.last_look_all) >= LOOK_ALL_EVERY {
+            self.last_look_all = now;
+            self.dirty = (0..self.direct.len())
+                .filter(|&replica| self.direct[replica].is_some())
+                .collect();
+            self.look_due = Some(now);
+        }
+        if self.look_due.is_none_or(|due| now < due) {
+            return;
+        }
+        self.look_due = None;
+        let mut dirty = std::mem::take(&mut self.dirty);
+        dirty.sort_unstable();
+        dirty.dedup();
+        for &replica in &dirty {
+            self.look(replica, stamp);
+        }
+        dirty.clear();
+        self.dirty = dirty;
+        if !self.inotify_armed {
+            if let Some(inotify) = &self.inotify {
+                let event = EpollEvent::new(
+                    EpollFlags::EPOLLIN | EpollFlags::EPOLLONESHOT,
+                    INOTIFY_TOKEN,
+                );
+                self.inotify_armed = self.epoll.modify(inotify, &mut { event }).is_ok();
+            }
+        }
+    }
+
+    /// Reads what inotify queued: which replicas' files changed. The descriptor stays out of
+    /// the epoll set (one shot) until they have been looked at.
+    fn take_inotify_events(&mut self) {
+        self.inotify_armed = false;
+        let Some(inotify) = &self.inotify else { return };
+        loop {
+            match inotify.read_events() {
+                Ok(events) if !events.is_empty() => {
+                    for event in events {
+                        if event.mask.contains(AddWatchFlags::IN_Q_OVERFLOW) {
+                            self.last_look_all = std::time::Instant::now() - LOOK_ALL_EVERY;
+                        } else if let Some(&replica) = self.watches.get(&event.wd) {
+                            self.dirty.push(replica);
+                        }
+                    }
+                }
+                Ok(_) => break,
+                Err(nix::errno::Errno::EINTR) => continue,
+                Err(_) => break, // EAGAIN: all read
+            }
+        }
+        self.look_due
+            .get_or_insert_with(|| std::time::Instant::now() + direct::LOOK_EVERY);
+    }
+
+    /// One look at replica `replica`'s direct logs.
+    fn look(&mut self, replica: usize, stamp: &Stamp) {
+        let Some(Some(log)) = self.direct.get_mut(replica) else {
+            return;
+        };
+        let limits = (self.config.max_file_bytes, self.config.keep_rotated);
+        let known = replica < self.file_stems.len();
+        let look = match self.terminal.as_ref().filter(|_| known) {
+            Some(terminal) => {
+                let mut echo = |carried: &[u8], fresh: &[u8]| {
+                    let lines = memchr::memchr_iter(b'\n', fresh).count();
+                    terminal.push(replica, lines, &[carried, fresh]);
+                };
+                log.look(&stamp.text, limits, Some(&mut echo))
+            }
+            None => log.look(&stamp.text, limits, None),
+        };
+        if look.grew {
+            if let Some(last) = self.last_output.get(replica) {
+                last.store(stamp.unix_ms, Ordering::Relaxed);
+            }
+        }
+        if look.ready {
+            (self.events)(LogEvent::Ready {
+                replica,
+                generation: log.generation,
+            });
+        }
+        if let Some(problem) = look.problem {
+            if self.write_failures.len() <= replica {
+                self.write_failures.resize(replica + 1, 0);
+            }
+            self.write_failures[replica] += 1;
+            if self.write_failures[replica] == 1 {
+                let _ = writeln!(io::stderr(), "gpuvisor: {problem}");
+            }
+        }
+    }
+
+    /// A direct replica's life ended: a last look, then its tail to the supervisor.
+    fn direct_exited(&mut self, replica: usize, generation: u64) {
+        let current = self
+            .direct
+            .get(replica)
+            .and_then(Option::as_ref)
+            .is_some_and(|log| log.generation == generation);
+        if !current {
+            return;
+        }
+        let mut stamp = Stamp::default();
+        stamp.update();
+        self.look(replica, &stamp);
+        let Some(mut log) = self.direct[replica].take() else {
+            return;
+        };
+        let known = replica < self.file_stems.len();
+        let ready = match self.terminal.as_ref().filter(|_| known) {
+            Some(terminal) => log.end_lines(Some(&mut |carried: &[u8], fresh: &[u8]| {
+                terminal.push(replica, 1, &[carried, fresh]);
+            })),
+            None => log.end_lines(None),
+        };
+        if ready {
+            (self.events)(LogEvent::Ready {
+                replica,
+                generation,
+            });
+        }
+        self.unwatch(replica);
+        let tail = log.tail(replica_file::TAIL_KEEP_BYTES as u64);
+        let tail = tail[tail.len().saturating_sub(TAIL_LINES)..].to_vec();
+        (self.events)(LogEvent::Closed {
+            replica,
+            generation,
+            tail,
+        });
+    }
+
+    fn unwatch(&mut self, replica: usize) {
+        let Some(inotify) = &self.inotify else { return };
+        let gone: Vec<WatchDescriptor> = self
+            .watches
+            .iter()
+            .filter(|(_, &owner)| owner == replica)
+            .map(|(&wd, _)| wd)
+            .collect();
+        for wd in gone {
+            let _ = inotify.rm_watch(wd);
+            self.watches.remove(&wd);
+        }
+    }
+
+    /// Starts dating a direct replica's new life.
+    fn add_direct(
+        &mut self,
+        replica: usize,
+        generation: u64,
+        ready: Option<Regex>,
+        stem: String,
+        starts: [u64; 2],
+    ) {
+        if self.direct.len() <= replica {
+            self.direct.resize_with(replica + 1, || None);
+        }
+        if self.direct[replica].is_some() {
+            // Its last life's exit was not seen (or not yet): its files are the same.
+            self.unwatch(replica);
+        }
+        let mut stamp = Stamp::default();
+        stamp.update();
+        let log = match DirectReplica::open(
+            &self.config.dir,
+            &stem,
+            generation,
+            starts,
+            &stamp.text,
+            ready,
+        ) {
+            Ok(log) => log,
+            Err(error) => {
+                eprintln!("gpuvisor: cannot date the log files of {stem}: {error}");
+                self.direct[replica] = None;
+                return;
+            }
+        };
+        if self.inotify.is_none() {
+            match Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC) {
+                Ok(inotify) => {
+                    let event = EpollEvent::new(
+                        EpollFlags::EPOLLIN | EpollFlags::EPOLLONESHOT,
+                        INOTIFY_TOKEN,
+                    );
+                    if self.epoll.add(&inotify, event).is_ok() {
+                        self.inotify = Some(inotify);
+                        self.inotify_armed = true;
+                    }
+                }
+                Err(error) => eprintln!(
+                    "gpuvisor: inotify is not available ({error}): direct logs are dated once a second"
+                ),
+            }
+        }
+        if let Some(inotify) = &self.inotify {
+            for path in log.paths() {
+                match inotify.add_watch(path, AddWatchFlags::IN_MODIFY) {
+                    Ok(wd) => {
+                        self.watches.insert(wd, replica);
+                    }
+                    Err(error) => eprintln!(
+                        "gpuvisor: cannot watch {} ({error}): it is dated once a second",
+                        path.display()
+                    ),
+                }
+            }
+        }
+        self.direct[replica] = Some(log);
+        // It may have written before its files were watched.
+        self.dirty.push(replica);
+        self.look_due
+            .get_or_insert_with(|| std::time::Instant::now() + direct::LOOK_EVERY);
     }
 
     fn close_slot(&mut self, slot: usize, stamp: &Stamp) {
@@ -290,7 +601,11 @@ impl Pump {
     fn accept(&mut self) -> bool {
         loop {
             match self.receiver.try_recv() {
-                Ok(registration) => self.add(registration),
+                Ok(Request::Register(registration)) => self.add(registration),
+                Ok(Request::Exited {
+                    replica,
+                    generation,
+                }) => self.direct_exited(replica, generation),
                 Err(mpsc::TryRecvError::Empty) => return true,
                 Err(mpsc::TryRecvError::Disconnected) => return false,
             }
@@ -308,6 +623,16 @@ impl Pump {
             .cloned()
             .or(registration.stem)
             .unwrap_or_else(|| format!("replica-{replica}"));
+        let (stdout, stderr) = match registration.output {
+            StartedOutput::Files {
+                stdout_at,
+                stderr_at,
+            } => {
+                let (generation, ready) = (registration.generation, registration.ready);
+                return self.add_direct(replica, generation, ready, stem, [stdout_at, stderr_at]);
+            }
+            StartedOutput::Pipes { stdout, stderr } => (stdout, stderr),
+        };
         let path = self.config.dir.join(format!("{stem}.log"));
         match ReplicaFile::open(path.clone(), registration.generation, registration.ready) {
             Ok(file) => self.replicas[replica] = Some(file),
@@ -319,10 +644,7 @@ impl Pump {
                 return;
             }
         }
-        for (fd, pipe) in [
-            (registration.stdout, Pipe::Stdout),
-            (registration.stderr, Pipe::Stderr),
-        ] {
+        for (fd, pipe) in [(stdout, Pipe::Stdout), (stderr, Pipe::Stderr)] {
             let slot = self.free_slots.pop().unwrap_or_else(|| {
                 self.streams.push(None);
                 self.streams.len() - 1
@@ -471,6 +793,25 @@ impl Pump {
             });
         }
     }
+}
+
+/// Whether a line of `carried` + `fresh` (whole lines) matches `pattern`.
+fn matches_ready(pattern: &Regex, carried: &[u8], fresh: &[u8]) -> bool {
+    let matches = |line: &[u8]| {
+        // Without its line ending, so `ready$` means what it says.
+        let text = line.strip_suffix(b"\n").unwrap_or(line);
+        pattern.is_match(text.strip_suffix(b"\r").unwrap_or(text))
+    };
+    let first_end = memchr::memchr(b'\n', fresh).map_or(fresh.len(), |end| end + 1);
+    let first_matches = if carried.is_empty() {
+        matches(&fresh[..first_end])
+    } else {
+        matches(&[carried, &fresh[..first_end]].concat())
+    };
+    first_matches
+        || fresh[first_end..]
+            .split_inclusive(|&byte| byte == b'\n')
+            .any(matches)
 }
 
 /// The time of the lines read in one wake-up, formatted once per millisecond.

@@ -4,7 +4,8 @@
 //! with posix_spawn; the keeper sets its own parent-death signal, and the dynamic loader's
 //! variables of the launch reach only the command (see [`LOADER_VARIABLES`]). Without a keeper
 //! (tests), the command itself gets setpgid, `PR_SET_PDEATHSIG = SIGKILL` and a clean signal
-//! state in the child before exec. Stdout and stderr are pipes read by the log pump; stdin is /dev/null.
+//! state in the child before exec. Stdout and stderr are pipes read by the log pump, or with
+//! [`Output::Files`] the replica's own log files (direct logs); stdin is /dev/null.
 //!
 //! Reaping happens in one thread ([`Reaper`]) for every child of the supervisor, including
 //! orphans reparented to it (the supervisor is a child subreaper). It peeks with
@@ -41,6 +42,42 @@ pub struct Launch {
     pub env: Vec<(String, Option<String>)>,
     /// Working directory.
     pub cwd: Option<PathBuf>,
+    /// Where its stdout and stderr go.
+    pub output: Output,
+}
+
+/// Where a replica's stdout and stderr go.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum Output {
+    /// Pipes, read by the log pump.
+    #[default]
+    Pipes,
+    /// These files, opened for appending (created 0600): the child writes its log itself.
+    Files {
+        /// Its stdout.
+        stdout: PathBuf,
+        /// Its stderr.
+        stderr: PathBuf,
+    },
+}
+
+/// Where a started replica's output is.
+#[derive(Debug)]
+pub enum StartedOutput {
+    /// The read ends of its pipes.
+    Pipes {
+        /// Its stdout.
+        stdout: OwnedFd,
+        /// Its stderr.
+        stderr: OwnedFd,
+    },
+    /// Its files, and their lengths before it started (where this life's output begins).
+    Files {
+        /// Length of the stdout file then.
+        stdout_at: u64,
+        /// Length of the stderr file then.
+        stderr_at: u64,
+    },
 }
 
 /// A started replica.
@@ -48,10 +85,8 @@ pub struct Launch {
 pub struct Started {
     /// The pid of the keeper (or of the command, without a keeper); also its process group.
     pub pid: i32,
-    /// Read end of its stdout.
-    pub stdout: OwnedFd,
-    /// Read end of its stderr.
-    pub stderr: OwnedFd,
+    /// Its output.
+    pub output: StartedOutput,
 }
 
 /// Starts replicas.
@@ -116,10 +151,19 @@ impl Spawner {
         if let Some(cwd) = &launch.cwd {
             command.current_dir(cwd);
         }
-        command
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
+        command.stdin(Stdio::null());
+        let files_at = match &launch.output {
+            Output::Pipes => {
+                command.stdout(Stdio::piped()).stderr(Stdio::piped());
+                None
+            }
+            Output::Files { stdout, stderr } => {
+                let (stdout, stdout_at) = open_output(stdout)?;
+                let (stderr, stderr_at) = open_output(stderr)?;
+                command.stdout(stdout).stderr(stderr);
+                Some((stdout_at, stderr_at))
+            }
+        };
         if self.keeper.is_some() {
             // The keeper sets its own parent-death signal and signal state, so this spawn needs
             // no pre_exec and std can use posix_spawn (vfork): much cheaper per replica.
@@ -132,12 +176,19 @@ impl Spawner {
             .read()
             .unwrap_or_else(|poison| poison.into_inner());
         let mut child = command.spawn()?;
-        let stdout = child.stdout.take().expect("piped stdout");
-        let stderr = child.stderr.take().expect("piped stderr");
+        let output = match files_at {
+            None => StartedOutput::Pipes {
+                stdout: child.stdout.take().expect("piped stdout").into(),
+                stderr: child.stderr.take().expect("piped stderr").into(),
+            },
+            Some((stdout_at, stderr_at)) => StartedOutput::Files {
+                stdout_at,
+                stderr_at,
+            },
+        };
         Ok(Started {
             pid: child.id() as i32,
-            stdout: stdout.into(),
-            stderr: stderr.into(),
+            output,
         })
     }
 
@@ -228,6 +279,26 @@ pub fn reset_signals() -> io::Result<()> {
         None,
     )
     .map_err(io::Error::from)
+}
+
+/// Opens a direct log file for a child's stdout or stderr: appending, so that every write
+/// lands at the end whatever else appends (a restart's new life, a rotation's hole), and its
+/// length now.
+fn open_output(path: &Path) -> io::Result<(std::fs::File, u64)> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(|error| {
+            io::Error::new(
+                error.kind(),
+                format!("cannot open its log file {}: {error}", path.display()),
+            )
+        })?;
+    let length = file.metadata()?.len();
+    Ok((file, length))
 }
 
 /// Finds the program `launch` runs, as exec would, or says why it cannot be run.
@@ -368,6 +439,7 @@ mod tests {
 
     fn launch(argv: &[&str], cwd: Option<&Path>) -> Launch {
         Launch {
+            output: Output::Pipes,
             argv: argv.iter().map(|arg| arg.to_string()).collect(),
             env: Vec::new(),
             cwd: cwd.map(Path::to_path_buf),

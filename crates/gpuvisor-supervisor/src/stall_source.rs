@@ -8,6 +8,7 @@ use std::path::Path;
 
 use crate::procfs::{self, threads};
 use crate::stall_class::ThreadSample;
+use gpuvisor_record::log_file::direct;
 
 /// The distributed rank of `pid` from its environment (`RANK`, else `JAX_PROCESS_ID`,
 /// `OMPI_COMM_WORLD_RANK`, `SLURM_PROCID`), if it is readable and set.
@@ -88,10 +89,16 @@ impl StallSource for ProcStallSource<'_> {
         let Some(stem) = self.file_stems.get(index) else {
             return String::new();
         };
-        read_tail(
-            &self.run_dir.join("logs").join(format!("{stem}.log")),
-            LOG_TAIL_BYTES,
-        )
+        let path = self.run_dir.join("logs").join(format!("{stem}.log"));
+        if let Some((dir, stem)) = direct::direct_of(&path) {
+            // Direct logs: both streams' lines, as plain text.
+            return direct::read_tail_direct(&dir, &stem, LOG_TAIL_BYTES, [0, 0])
+                .unwrap_or_default()
+                .into_iter()
+                .map(|line| line.text + "\n")
+                .collect();
+        }
+        read_tail(&path, LOG_TAIL_BYTES)
     }
 
     fn rank(&mut self, pid: i32) -> Option<u32> {

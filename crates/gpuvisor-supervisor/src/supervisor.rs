@@ -69,6 +69,9 @@ pub struct ReplicaSpec {
     pub readiness: Readiness,
     /// Its GPU budget per GPU (0 for CPU-only), for `ps` and the summary.
     pub budget_bytes: u64,
+    /// `logs = "direct"`: it writes its own log files (`logs/<file_stem>.out.log` and
+    /// `.err.log`), which the pump only dates; otherwise its output comes through pipes.
+    pub direct_logs: bool,
 }
 
 /// GPU memory of one replica, from the ledger.

@@ -5,7 +5,9 @@
 //! Each log line has its RFC 3339 time (read through the record's one parser of the log
 //! files, [`gpuvisor_record::log_file`], either format), so lines of different replicas sort
 //! by that; a line without one keeps the time of the line before. The current log files
-//! only: rotated ones (`NAME.log.1`, ...) are not merged.
+//! only: rotated ones (`NAME.log.1`, ...) are not merged. A replica with direct logs
+//! (`logs = "direct"`: `NAME.out.log`, `NAME.err.log` and their times file) is read through
+//! the record's reader of those, its lines dated from the times file.
 
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom, Write};
@@ -14,6 +16,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use gpuvisor_observe::top::record::{log_path, parse_plan, PlannedReplica};
+use gpuvisor_record::log_file::direct::{self, DirectReader};
 use gpuvisor_record::log_file::LineReader;
 use gpuvisor_supervisor::clock::{now_unix_ms, rfc3339_ms};
 use gpuvisor_supervisor::rundir::socket_path;
@@ -36,6 +39,8 @@ struct Source {
     reader: LineReader,
     /// The time of the last line read (for lines without one).
     last_time: String,
+    /// Direct logs: read through their times file instead (found at the first read).
+    direct: Option<DirectReader>,
 }
 
 /// A line to print: its time, its place in the read (to keep order among equal times), the
@@ -89,6 +94,7 @@ pub(crate) fn show(
             partial: Vec::new(),
             reader: LineReader::new(),
             last_time: String::new(),
+            direct: None,
         })
         .collect();
     sources.extend(console.map(|path| Source {
@@ -98,6 +104,7 @@ pub(crate) fn show(
         partial: Vec::new(),
         reader: LineReader::new(),
         last_time: String::new(),
+        direct: None,
     }));
     let mut first = read_new(&mut sources);
     if let Some(keep) = lines {
@@ -160,6 +167,16 @@ fn read_new(sources: &mut [Source]) -> Vec<Line> {
     let mut lines = Vec::new();
     let now = rfc3339_ms(now_unix_ms());
     for (index, source) in sources.iter_mut().enumerate() {
+        if source.direct.is_none() && !source.label.is_empty() {
+            source.direct =
+                direct::direct_of(&source.path).map(|(dir, stem)| DirectReader::new(&dir, &stem));
+        }
+        if let Some(reader) = &mut source.direct {
+            for line in reader.read_new() {
+                lines.push((line.stamp, lines.len(), index, line.text));
+            }
+            continue;
+        }
         let Ok(mut file) = File::open(&source.path) else {
             continue;
         };

@@ -158,6 +158,10 @@ pub struct ProcessSpec {
     pub children_cpu_only: bool,
     /// When its dependants (`after`) may start (default: as soon as it runs).
     pub ready: ReadyWhen,
+    /// `logs = "direct"`: it writes its own log files, which gpuvisor only dates (default
+    /// false: its output comes through pipes).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub direct_logs: bool,
     /// Names of processes this one waits for.
     pub after: Vec<String>,
     /// The `restart` section.

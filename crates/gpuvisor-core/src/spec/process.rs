@@ -24,6 +24,7 @@ pub(super) const PROCESS_KEYS: &[&str] = &[
     "preallocate",
     "children_cpu_only",
     "ready",
+    "logs",
     "after",
     "restart",
     "stop",
@@ -221,6 +222,15 @@ fn fields(
         Some(field) => values::ready(&field)?,
     };
 
+    let direct_logs = match table.get("logs") {
+        None => false,
+        Some(field) => super::watch::choice(
+            &field,
+            &[("pipe", false), ("direct", true)],
+            "pipe (the default): gpuvisor reads the output through pipes into logs/NAME.log; direct: the process writes logs/NAME.out.log and logs/NAME.err.log itself and gpuvisor only dates them (for chatty processes)",
+        )?,
+    };
+
     let (after, after_ranges) = match table.get("after") {
         None => (Vec::new(), Vec::new()),
         Some(field) => after(source, &field)?,
@@ -256,6 +266,7 @@ fn fields(
         preallocate,
         children_cpu_only,
         ready,
+        direct_logs,
         after,
         restart,
         stop,

@@ -101,7 +101,7 @@ pub(super) fn process_watch(
 }
 
 /// One of `choices` by name, with a "did you mean" for near misses.
-fn choice<T: Copy>(
+pub(super) fn choice<T: Copy>(
     field: &Field<'_, '_>,
     choices: &[(&str, T)],
     explain: &str,

@@ -218,6 +218,7 @@ impl JobBuilder {
                 preallocate: true,
                 children_cpu_only: false,
                 ready: gpuvisor_core::spec::ReadyWhen::Started,
+                direct_logs: false,
                 after: process.after,
                 restart: RestartSpec::default(),
                 stop: StopSpec::default(),

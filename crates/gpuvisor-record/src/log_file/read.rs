@@ -139,7 +139,13 @@ pub fn parse(text: &str) -> Vec<LogLine> {
 /// The child's last lines in the last `max_bytes` of a log file (the first, cut line dropped),
 /// each with its time and stream: the marker that dates the first of them is looked for above
 /// the tail (up to 1 MiB up).
+///
+/// For a replica with direct logs (format 3: `path`'s stem has a times file beside it), the
+/// last lines of both its streams, merged.
 pub fn read_tail(path: &Path, max_bytes: u64) -> io::Result<Vec<LogLine>> {
+    if let Some((dir, stem)) = super::direct::direct_of(path) {
+        return super::direct::read_tail_direct(&dir, &stem, max_bytes, [0, 0]);
+    }
     let mut file = File::open(path)?;
     let length = file.metadata()?.len();
     let start = length.saturating_sub(max_bytes);

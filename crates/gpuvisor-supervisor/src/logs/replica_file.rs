@@ -11,7 +11,7 @@ use gpuvisor_record::log_file::{LogWriter, Stream};
 use regex::bytes::Regex;
 
 /// How much of a replica's last output is kept for its exit cause.
-const TAIL_KEEP_BYTES: usize = 16 << 10;
+pub(super) const TAIL_KEEP_BYTES: usize = 16 << 10;
 
 /// One replica's output state (reset for each life).
 pub(super) struct ReplicaFile {
@@ -90,21 +90,7 @@ impl ReplicaFile {
         let Some(pattern) = &self.ready else {
             return false;
         };
-        let matches = |line: &[u8]| {
-            // Without its line ending, so `ready$` means what it says.
-            let text = line.strip_suffix(b"\n").unwrap_or(line);
-            pattern.is_match(text.strip_suffix(b"\r").unwrap_or(text))
-        };
-        let first_end = memchr::memchr(b'\n', fresh).map_or(fresh.len(), |end| end + 1);
-        let first_matches = if carried.is_empty() {
-            matches(&fresh[..first_end])
-        } else {
-            matches(&[carried, &fresh[..first_end]].concat())
-        };
-        let found = first_matches
-            || fresh[first_end..]
-                .split_inclusive(|&byte| byte == b'\n')
-                .any(matches);
+        let found = super::matches_ready(pattern, carried, fresh);
         if found {
             self.ready = None;
         }

@@ -282,39 +282,290 @@ fn sixty_four_children_of_mixed_line_lengths_lose_no_byte_and_keep_order() {
     pump.finish();
     for child in 0..children {
         let text = read_log(&dir.path().join(format!("mixed.{child}.log")));
-        for stream in ['O', 'E'] {
-            let numbers = (1..=MIXED_LINES + 1)
-                .filter(|n| stream == 'O' || n % 3 == 0 || *n == MIXED_LINES + 1);
-            let expected: Vec<String> = numbers.map(|n| mixed_line(child, stream, n)).collect();
-            let written = stream_lines(&text, stream);
-            // A line longer than a read is written in pieces: the pieces, joined, are the
-            // line, and every line the child wrote starts a line of the file.
-            let (written_bytes, expected_bytes) = (written.concat(), expected.concat());
-            let first_difference = written_bytes
-                .bytes()
-                .zip(expected_bytes.bytes())
-                .position(|(got, wanted)| got != wanted);
+        assert_mixed_lines(child, &text);
+    }
+}
+
+/// Every byte child `child` of [`MIXED_WRITER`] wrote is in `lines`, in order per stream; a
+/// line longer than a read is in pieces that, joined, are the line, and every line the child
+/// wrote starts a line read back.
+fn assert_mixed_lines(child: usize, lines: &[LogLine]) {
+    for stream in ['O', 'E'] {
+        let numbers =
+            (1..=MIXED_LINES + 1).filter(|n| stream == 'O' || n % 3 == 0 || *n == MIXED_LINES + 1);
+        let expected: Vec<String> = numbers.map(|n| mixed_line(child, stream, n)).collect();
+        let written = stream_lines(lines, stream);
+        let (written_bytes, expected_bytes) = (written.concat(), expected.concat());
+        let first_difference = written_bytes
+            .bytes()
+            .zip(expected_bytes.bytes())
+            .position(|(got, wanted)| got != wanted);
+        assert!(
+            written_bytes == expected_bytes,
+            "child {child}, stream {stream}: bytes lost, added or out of order ({} bytes \
+             written, {} expected, first difference at {first_difference:?})",
+            written_bytes.len(),
+            expected_bytes.len()
+        );
+        let mut starts = std::collections::HashSet::new();
+        let mut at = 0;
+        for piece in &written {
+            starts.insert(at);
+            at += piece.len();
+        }
+        let mut at = 0;
+        for line in &expected {
             assert!(
-                written_bytes == expected_bytes,
-                "child {child}, stream {stream}: bytes lost, added or out of order ({} bytes \
-                 written, {} expected, first difference at {first_difference:?})",
-                written_bytes.len(),
-                expected_bytes.len()
+                starts.contains(&at),
+                "child {child}, stream {stream}: a line does not start a line of the file"
             );
-            let mut starts = std::collections::HashSet::new();
-            let mut at = 0;
-            for piece in &written {
-                starts.insert(at);
-                at += piece.len();
-            }
-            let mut at = 0;
-            for line in &expected {
-                assert!(
-                    starts.contains(&at),
-                    "child {child}, stream {stream}: a line does not start a line of the file"
-                );
-                at += line.len();
-            }
+            at += line.len();
         }
     }
+}
+
+// Direct logs (`logs = "direct"`): the child writes its files itself, the pump dates them.
+
+/// Starts `script` with its stdout and stderr on replica `stem`'s direct log files, as the
+/// spawner does, and registers it as life `life`; waits for it to exit, then tells the pump.
+fn start_direct(
+    pump: &LogPump,
+    replica: usize,
+    stem: &str,
+    life: u64,
+    script: &str,
+    ready: Option<&str>,
+) -> std::thread::JoinHandle<()> {
+    use gpuvisor_record::log_file::direct;
+    let open = |path: std::path::PathBuf| {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .unwrap();
+        let length = file.metadata().unwrap().len();
+        (file, length)
+    };
+    let (stdout, stdout_at) = open(direct::out_path(pump.dir(), stem));
+    let (stderr, stderr_at) = open(direct::err_path(pump.dir(), stem));
+    let mut child = Command::new("sh")
+        .args(["-c", script])
+        .stdout(stdout)
+        .stderr(stderr)
+        .spawn()
+        .unwrap();
+    pump.register_output(
+        replica,
+        Some(stem.to_string()),
+        life,
+        StartedOutput::Files {
+            stdout_at,
+            stderr_at,
+        },
+        ready.map(|text| Regex::new(text).unwrap()),
+    )
+    .unwrap();
+    let (sender, exited) = mpsc::channel();
+    let waiter = std::thread::spawn(move || {
+        let _ = child.wait();
+        let _ = sender.send(());
+    });
+    exited.recv().unwrap();
+    pump.exited(replica, life);
+    waiter
+}
+
+fn direct_lines(dir: &std::path::Path, stem: &str) -> Vec<LogLine> {
+    gpuvisor_record::log_file::direct::parse_direct(dir, stem)
+}
+
+#[test]
+fn direct_logs_date_every_line_of_a_fast_writer_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let (pump, events) = pump(dir.path(), u64::MAX);
+    start_direct(
+        &pump,
+        0,
+        "writer",
+        1,
+        "seq 1 300000; echo oops >&2; printf 'no newline'",
+        None,
+    );
+    let tail = closed(&events);
+    pump.finish();
+    assert!(
+        !dir.path().join("writer.log").exists(),
+        "no pumped file for a direct replica"
+    );
+    let lines = direct_lines(dir.path(), "writer");
+    assert_eq!(
+        lines.len(),
+        300_002,
+        "{:?}",
+        &lines[lines.len().saturating_sub(3)..]
+    );
+    let numbers: Vec<u64> = lines
+        .iter()
+        .inspect(|line| assert!(line.stamp.ends_with('Z'), "{line:?}"))
+        .filter(|line| !line.stderr)
+        .filter_map(|line| line.text.parse().ok())
+        .collect();
+    assert!(
+        numbers.iter().copied().eq(1..=300_000),
+        "lines lost or out of order"
+    );
+    assert_eq!(
+        lines.iter().rfind(|line| !line.stderr).unwrap().text,
+        "no newline"
+    );
+    assert!(lines.iter().any(|line| line.stderr && line.text == "oops"));
+    assert!(tail.iter().any(|line| line == "no newline"), "{tail:?}");
+    assert!(tail.iter().any(|line| line == "oops"), "{tail:?}");
+}
+
+#[test]
+fn direct_logs_of_sixty_four_children_of_mixed_line_lengths_lose_no_byte_and_keep_order() {
+    let children = 64;
+    let dir = tempfile::tempdir().unwrap();
+    let (sender, events) = mpsc::channel();
+    let sender = std::sync::Mutex::new(sender);
+    let pump = LogPump::start(
+        LogConfig {
+            dir: dir.path().to_path_buf(),
+            max_file_bytes: u64::MAX,
+            keep_rotated: 1,
+        },
+        Vec::new(),
+        None,
+        Box::new(move |event| {
+            let _ = sender.lock().unwrap().send(event);
+        }),
+    )
+    .unwrap();
+    let starters: Vec<_> = (0..children)
+        .map(|child| {
+            let pump = &pump;
+            let script = format!("set -- {child} {MIXED_LINES}; {MIXED_WRITER}");
+            let stem = format!("mixed.{child}");
+            std::thread::scope(|scope| {
+                scope
+                    .spawn(move || start_direct(pump, child, &stem, 1, &script, None))
+                    .join()
+                    .unwrap()
+            })
+        })
+        .collect();
+    for _ in 0..children {
+        closed(&events);
+    }
+    pump.finish();
+    drop(starters);
+    for child in 0..children {
+        assert_mixed_lines(child, &direct_lines(dir.path(), &format!("mixed.{child}")));
+    }
+}
+
+#[test]
+fn direct_logs_report_a_readiness_line_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let (pump, events) = pump(dir.path(), u64::MAX);
+    start_direct(
+        &pump,
+        1,
+        "other.1",
+        1,
+        "echo starting; sleep 0.05; echo 'listening on :8080' >&2; echo 'listening on :8080'",
+        Some("listening on :\\d+"),
+    );
+    let mut ready = 0;
+    while let LogEvent::Ready {
+        replica,
+        generation,
+    } = events.recv_timeout(Duration::from_secs(30)).unwrap()
+    {
+        assert_eq!((replica, generation), (1, 1));
+        ready += 1;
+    }
+    pump.finish();
+    assert_eq!(ready, 1);
+}
+
+#[test]
+fn direct_logs_rotate_by_size_keep_the_descriptor_and_free_the_space() {
+    let dir = tempfile::tempdir().unwrap();
+    let (pump, events) = pump(dir.path(), 200_000);
+    // Slow enough that the pump looks (and rotates) many times while it writes.
+    start_direct(
+        &pump,
+        0,
+        "writer",
+        1,
+        "i=0; while [ $i -lt 40 ]; do seq $((i*5000+1)) $((i*5000+5000)); i=$((i+1)); sleep 0.01; done",
+        None,
+    );
+    closed(&events);
+    pump.finish();
+    let path = |name: &str| dir.path().join(name);
+    assert!(path("writer.out.log.1").exists(), "the file was rotated");
+    assert!(
+        !path("writer.out.log.3").exists(),
+        "only 2 rotated files are kept"
+    );
+    let live = std::fs::metadata(path("writer.out.log")).unwrap();
+    use std::os::unix::fs::MetadataExt;
+    assert!(
+        live.blocks() * 512 < live.len() / 2,
+        "the rotated part is freed: {} bytes allocated for {}",
+        live.blocks() * 512,
+        live.len()
+    );
+    // The rotated files, oldest first, then the live part: one unbroken run of whole lines
+    // ending with the last one.
+    let mut numbers: Vec<u64> = Vec::new();
+    for name in ["writer.out.log.2", "writer.out.log.1"] {
+        let text = std::fs::read_to_string(path(name)).unwrap_or_default();
+        assert!(
+            text.is_empty() || text.ends_with('\n'),
+            "{name} ends with a whole line"
+        );
+        numbers.extend(text.lines().map(|line| line.parse::<u64>().unwrap()));
+    }
+    let live_lines = direct_lines(dir.path(), "writer");
+    assert!(live_lines.iter().all(|line| !line.stamp.is_empty()));
+    numbers.extend(
+        live_lines
+            .iter()
+            .map(|line| line.text.parse::<u64>().unwrap()),
+    );
+    assert_eq!(numbers.last(), Some(&200_000));
+    assert!(
+        numbers.windows(2).all(|pair| pair[1] == pair[0] + 1),
+        "a line went missing"
+    );
+    assert!(numbers.len() < 200_000, "the oldest file was dropped");
+}
+
+#[test]
+fn a_direct_replica_s_tail_is_its_last_life_s() {
+    let dir = tempfile::tempdir().unwrap();
+    let (pump, events) = pump(dir.path(), u64::MAX);
+    start_direct(
+        &pump,
+        0,
+        "writer",
+        1,
+        "echo first life; echo its error >&2",
+        None,
+    );
+    let first = closed(&events);
+    start_direct(&pump, 0, "writer", 2, "echo second life", None);
+    let second = closed(&events);
+    pump.finish();
+    assert_eq!(first, ["first life", "its error"]);
+    assert_eq!(second, ["second life"]);
+    let texts: Vec<String> = direct_lines(dir.path(), "writer")
+        .into_iter()
+        .map(|line| line.text)
+        .collect();
+    assert_eq!(texts, ["first life", "its error", "second life"]);
 }

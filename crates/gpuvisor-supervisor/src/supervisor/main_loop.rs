@@ -146,6 +146,9 @@ impl Run<'_> {
                     }
                     let generation = track.generation;
                     track.pending_exit = Some((generation, status, Instant::now() + TAIL_WAIT));
+                    if self.specs[index].direct_logs {
+                        self.pump.exited(index, generation);
+                    }
                     self.exiting.insert(index);
                 }
             }

@@ -6,6 +6,7 @@
 use super::*;
 use crate::admission::{Queue, QueueAction, QueueInput};
 use crate::control::{AddRequest, QueueGpu, QueueRow};
+use crate::spawn::Output;
 use crate::state::Room;
 use gpuvisor_core::plan::admit::Ask;
 use gpuvisor_core::plan::admit::QueueSetup;
@@ -271,13 +272,19 @@ impl Run<'_> {
             replica,
             label: label.clone(),
             file_stem: format!("{}.{replica}", request.name),
-            launch: Launch { argv, env, cwd },
+            launch: Launch {
+                argv,
+                env,
+                cwd,
+                output: Output::Pipes,
+            },
             after: Vec::new(),
             restart: RestartSpec::default(),
             stop_signal: Signal::SIGINT,
             grace_ms: gpuvisor_core::spec::StopSpec::default().grace_ms,
             readiness: Readiness::Started,
             budget_bytes: planned.budget_bytes,
+            direct_logs: false,
         });
         self.tracks.push(Track::default());
         if !self.added.contains(&request.name) {

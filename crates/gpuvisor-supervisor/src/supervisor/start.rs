@@ -4,7 +4,8 @@
 use super::*;
 use std::collections::HashMap;
 
-use crate::spawn::Started;
+use crate::spawn::{Output, Started};
+use gpuvisor_record::log_file::direct;
 
 impl Run<'_> {
     /// Starts the replicas of every `Spawn` in `actions` at once, when there are several (the
@@ -54,6 +55,13 @@ impl Run<'_> {
             .before_spawn(index)
             .map_err(|error| format!("cannot prepare its start: {error}"))?;
         launch.env.extend(extra);
+        if self.specs[index].direct_logs {
+            let (dir, stem) = (self.pump.dir(), &self.specs[index].file_stem);
+            launch.output = Output::Files {
+                stdout: direct::out_path(dir, stem),
+                stderr: direct::err_path(dir, stem),
+            };
+        }
         Ok(launch)
     }
 
@@ -86,12 +94,11 @@ impl Run<'_> {
             Readiness::LogLine(pattern) => Some(pattern.clone()),
             _ => None,
         };
-        if let Err(error) = self.pump.register_as(
+        if let Err(error) = self.pump.register_output(
             index,
             Some(self.specs[index].file_stem.clone()),
             track.generation,
-            started.stdout,
-            started.stderr,
+            started.output,
             ready,
         ) {
             eprintln!(

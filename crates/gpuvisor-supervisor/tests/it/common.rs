@@ -37,6 +37,7 @@ pub fn shell(process: &str, script: &str) -> ReplicaSpec {
             argv: vec!["sh".into(), "-c".into(), script.to_string()],
             env: Vec::new(),
             cwd: None,
+            output: Default::default(),
         },
         after: Vec::new(),
         restart: RestartSpec::default(),
@@ -44,6 +45,7 @@ pub fn shell(process: &str, script: &str) -> ReplicaSpec {
         grace_ms: 2000,
         readiness: Readiness::Started,
         budget_bytes: 0,
+        direct_logs: false,
     }
 }
 

@@ -424,6 +424,7 @@ fn several_replicas_start_at_once_behind_their_keepers_with_results_in_order() {
         argv: argv.iter().map(|arg| arg.to_string()).collect(),
         env: Vec::new(),
         cwd: None,
+        output: Default::default(),
     };
     let mut launches: Vec<Launch> = (0..6)
         .map(|code| launch(&["sh", "-c", &format!("exit {code}")]))
