@@ -22,13 +22,13 @@
 //! millisecond the supervisor saw it in the file, as format 2 dates a line by when it was read
 //! from the pipe. Records of one file come in order, so merging the two streams by the times
 //! file gives the order in which their lines appeared. A new times file (the old one renamed
-//! `<stem>.times.1` when it or a data file rotated) restates the current life and both live
+//! `<stem>.times.1` when it grew past 8 MiB or a data file rotated) restates the current life and both live
 //! starts (`L`, `R O`, `R E`) right after its header, so a reader needs only the current one.
 //!
-//! Rotation keeps the child's file descriptor: the bytes before the cut are copied to
-//! `<stem>.out.log.1` and deallocated in place (a hole; the file's length does not change,
-//! which O_APPEND writers need), and `R` says where the live part starts. Rotated files are
-//! raw output without times.
+//! Rotation keeps the child's file descriptor: the oldest whole lines are freed in place (a
+//! hole; the file's length does not change, which O_APPEND writers need), keeping about as
+//! many bytes live as pipes' rotated files would hold, and `R` says where the live part
+//! starts. Nothing is copied, so no `.1` files.
 //!
 //! No I/O policy here (when to rotate, how often to look): that is the pump's.
 

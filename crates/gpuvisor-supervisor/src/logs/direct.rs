@@ -240,11 +240,13 @@ impl DirectReplica {
             if let Some(echo) = echo.as_deref_mut() {
                 output.echo.read(&output.file, length, &mut *echo);
             }
-            rotate[at] = !output.cannot_rotate && length - output.live_start > max_file_bytes;
+            // Pipes' rotation keeps the current file and `keep` older ones.
+            let window = max_file_bytes.saturating_mul(u64::from(keep_rotated) + 1);
+            rotate[at] = !output.cannot_rotate && length - output.live_start > window;
         }
         for (at, due) in rotate.into_iter().enumerate() {
             if due {
-                if let Err(error) = self.rotate(at, keep_rotated) {
+                if let Err(error) = self.rotate(at, max_file_bytes, keep_rotated) {
                     self.outputs[at].cannot_rotate = true;
                     look.problem = Some(format!(
                         "cannot rotate {}: {error} (it grows past its size limit; said once)",
@@ -267,35 +269,25 @@ impl DirectReplica {
         look
     }
 
-    /// Moves output `at`'s live bytes up to a block boundary out to `<file>.1` (the older
-    /// ones up one number) and frees them in place; the child keeps writing at the end.
-    fn rotate(&mut self, at: usize, keep: u32) -> io::Result<()> {
+    /// Frees output `at`'s oldest whole lines in place, so that about `keep` files' worth
+    /// (`max_file_bytes` each) stays live: the bytes pipes' rotation would keep in `.1` ..
+    /// `.N`, without copying them. The child keeps its descriptor and writes at the end.
+    fn rotate(&mut self, at: usize, max_file_bytes: u64, keep: u32) -> io::Result<()> {
         let output = &mut self.outputs[at];
-        let cut = line_cut(&output.file, output.live_start, output.seen);
+        let target = output
+            .seen
+            .saturating_sub(max_file_bytes.saturating_mul(u64::from(keep)));
+        let cut = line_cut(&output.file, output.live_start, target);
         if cut <= output.live_start {
             return Ok(());
         }
-        let numbered = |n: u32| PathBuf::from(format!("{}.{n}", output.path.display()));
-        if keep > 0 {
-            let _ = fs::remove_file(numbered(keep));
-            for n in (1..keep).rev() {
-                let _ = fs::rename(numbered(n), numbered(n + 1));
-            }
-            let rotated = OpenOptions::new()
-                .create(true)
-                .write(true)
-                .truncate(true)
-                .mode(0o600)
-                .open(numbered(1))?;
-            copy_range(&output.file, &rotated, output.live_start, cut)?;
-        }
-        let length = (cut - output.live_start) as i64;
-        // The hole: the child's O_APPEND writes still land at the end.
+        // A hole: the file keeps its length (O_APPEND writes still land at its end), the
+        // blocks go back to the file system.
         fallocate(
             &output.file,
             FallocateFlags::FALLOC_FL_PUNCH_HOLE | FallocateFlags::FALLOC_FL_KEEP_SIZE,
             output.live_start as i64,
-            length,
+            (cut - output.live_start) as i64,
         )?;
         output.live_start = cut;
         // The new live start goes at the top of a new times file, where readers look for it.
@@ -395,9 +387,9 @@ impl DirectReplica {
     }
 }
 
-/// Where to cut `file` for rotation: after its last line end before `end` (so that rotated
-/// files hold whole lines and the live part starts with one). The hole frees the whole
-/// blocks before the cut; the bytes of a partial block are zeroed in place.
+/// Where to cut `file` for rotation: after its last line end before `end` (so that the live
+/// part starts with a whole line). The hole frees the whole blocks before the cut; the bytes
+/// of a partial block are zeroed in place.
 fn line_cut(file: &File, live_start: u64, end: u64) -> u64 {
     let from = end.saturating_sub(CUT_LOOKBACK).max(live_start);
     let mut block = vec![0u8; (end - from) as usize];
@@ -416,36 +408,4 @@ fn open_times(path: &Path) -> io::Result<File> {
         .append(true)
         .mode(0o600)
         .open(path)
-}
-
-/// Copies `from[start..end]` to the end of `to`, in the kernel where it can.
-fn copy_range(from: &File, to: &File, start: u64, end: u64) -> io::Result<()> {
-    let mut offset = start as i64;
-    while (offset as u64) < end {
-        let left = (end - offset as u64).min(1 << 30) as usize;
-        match nix::fcntl::copy_file_range(from, Some(&mut offset), to, None, left) {
-            Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
-            Ok(_) => {}
-            Err(nix::errno::Errno::EINTR) => {}
-            Err(
-                nix::errno::Errno::EXDEV | nix::errno::Errno::ENOSYS | nix::errno::Errno::EINVAL,
-            ) => return copy_by_hand(from, to, offset as u64, end),
-            Err(error) => return Err(error.into()),
-        }
-    }
-    Ok(())
-}
-
-fn copy_by_hand(from: &File, mut to: &File, mut at: u64, end: u64) -> io::Result<()> {
-    let mut block = vec![0u8; 1 << 20];
-    while at < end {
-        let want = ((end - at) as usize).min(block.len());
-        let got = from.read_at(&mut block[..want], at)?;
-        if got == 0 {
-            return Err(io::ErrorKind::UnexpectedEof.into());
-        }
-        to.write_all(&block[..got])?;
-        at += got as u64;
-    }
-    Ok(())
 }
