@@ -35,6 +35,7 @@ mod run_auto;
 mod run_booking;
 mod run_budget;
 mod run_console;
+mod run_direct_logs;
 mod run_queue;
 mod run_sampling;
 mod run_sim;
