@@ -160,6 +160,7 @@ impl LogPump {
             inotify: None,
             watches: HashMap::new(),
             dirty: Vec::new(),
+            polled: std::collections::BTreeSet::new(),
             inotify_armed: true,
             look_due: None,
             last_look_all: std::time::Instant::now(),
@@ -310,6 +311,9 @@ struct Pump {
     watches: HashMap<WatchDescriptor, usize>,
     /// Replicas whose files changed since the last look.
     dirty: Vec<usize>,
+    /// Replicas whose files grew at their last look: looked at every
+    /// [`direct::LOOK_EVERY`] without inotify watches until a look finds them quiet.
+    polled: std::collections::BTreeSet<usize>,
     /// The inotify descriptor is in the epoll set (it is taken out for [`direct::LOOK_EVERY`]
     /// after each event, so that a chatty child's writes gather into one look).
     inotify_armed: bool,
@@ -382,13 +386,27 @@ impl Pump {
         }
         self.look_due = None;
         let mut dirty = std::mem::take(&mut self.dirty);
+        dirty.extend(self.polled.iter().copied());
         dirty.sort_unstable();
         dirty.dedup();
         for &replica in &dirty {
-            self.look(replica, stamp);
+            let grew = self.look(replica, stamp);
+            // A file that keeps growing is looked at every LOOK_EVERY without its watch: an
+            // inotify watch costs the child an event on every write. Once it is quiet, the
+            // watch goes back on, with one more look for what came in between.
+            let polled = self.polled.contains(&replica);
+            if grew && !polled && self.inotify.is_some() {
+                self.unwatch(replica);
+                self.polled.insert(replica);
+            } else if !grew && polled {
+                self.polled.remove(&replica);
+                self.watch(replica);
+                self.dirty.push(replica);
+            }
         }
-        dirty.clear();
-        self.dirty = dirty;
+        if !self.polled.is_empty() || !self.dirty.is_empty() {
+            self.look_due = Some(now + direct::LOOK_EVERY);
+        }
         if !self.inotify_armed {
             if let Some(inotify) = &self.inotify {
                 let event = EpollEvent::new(
@@ -425,10 +443,10 @@ impl Pump {
             .get_or_insert_with(|| std::time::Instant::now() + direct::LOOK_EVERY);
     }
 
-    /// One look at replica `replica`'s direct logs.
-    fn look(&mut self, replica: usize, stamp: &Stamp) {
+    /// One look at replica `replica`'s direct logs; whether they grew.
+    fn look(&mut self, replica: usize, stamp: &Stamp) -> bool {
         let Some(Some(log)) = self.direct.get_mut(replica) else {
-            return;
+            return false;
         };
         let limits = (self.config.max_file_bytes, self.config.keep_rotated);
         let known = replica < self.file_stems.len();
@@ -462,6 +480,7 @@ impl Pump {
                 let _ = writeln!(io::stderr(), "gpuvisor: {problem}");
             }
         }
+        look.grew
     }
 
     /// A direct replica's life ended: a last look, then its tail to the supervisor.
@@ -477,6 +496,8 @@ impl Pump {
         let mut stamp = Stamp::default();
         stamp.update();
         self.look(replica, &stamp);
+        self.unwatch(replica);
+        self.polled.remove(&replica);
         let Some(mut log) = self.direct[replica].take() else {
             return;
         };
@@ -493,7 +514,6 @@ impl Pump {
                 generation,
             });
         }
-        self.unwatch(replica);
         let tail = log.tail(replica_file::TAIL_KEEP_BYTES as u64);
         let tail = tail[tail.len().saturating_sub(TAIL_LINES)..].to_vec();
         (self.events)(LogEvent::Closed {
@@ -501,6 +521,24 @@ impl Pump {
             generation,
             tail,
         });
+    }
+
+    /// Puts inotify watches on replica `replica`'s direct log files.
+    fn watch(&mut self, replica: usize) {
+        let (Some(inotify), Some(Some(log))) = (&self.inotify, self.direct.get(replica)) else {
+            return;
+        };
+        for path in log.paths() {
+            match inotify.add_watch(path, AddWatchFlags::IN_MODIFY) {
+                Ok(wd) => {
+                    self.watches.insert(wd, replica);
+                }
+                Err(error) => eprintln!(
+                    "gpuvisor: cannot watch {} ({error}): it is dated once a second",
+                    path.display()
+                ),
+            }
+        }
     }
 
     fn unwatch(&mut self, replica: usize) {
@@ -567,20 +605,9 @@ impl Pump {
                 ),
             }
         }
-        if let Some(inotify) = &self.inotify {
-            for path in log.paths() {
-                match inotify.add_watch(path, AddWatchFlags::IN_MODIFY) {
-                    Ok(wd) => {
-                        self.watches.insert(wd, replica);
-                    }
-                    Err(error) => eprintln!(
-                        "gpuvisor: cannot watch {} ({error}): it is dated once a second",
-                        path.display()
-                    ),
-                }
-            }
-        }
         self.direct[replica] = Some(log);
+        self.polled.remove(&replica);
+        self.watch(replica);
         // It may have written before its files were watched.
         self.dirty.push(replica);
         self.look_due
