@@ -227,15 +227,25 @@ struct Merge {
     partial: [Vec<u8>; 2],
     /// The time of the last record of each stream (an unended line at a life's end gets it).
     stamp: [String; 2],
+    /// The life of the last `L` record (a new times file restates it: no new life).
+    life: Option<u64>,
 }
 
 impl Merge {
     fn apply(&mut self, record: &Record<'_>, data: &[Option<File>; 2], lines: &mut Vec<LogLine>) {
         match *record {
-            Record::Life { out_at, err_at, .. } => {
+            Record::Life {
+                life,
+                out_at,
+                err_at,
+                ..
+            } => {
+                let new_life = self.life.replace(life) != Some(life);
                 for (at, start) in [out_at, err_at].into_iter().enumerate() {
-                    // The last life's unended line ends with it.
-                    self.flush_partial(at, lines);
+                    if new_life {
+                        // The last life's unended line ends with it.
+                        self.flush_partial(at, lines);
+                    }
                     self.consumed[at] = self.consumed[at].max(start);
                 }
             }

@@ -151,6 +151,9 @@ fn a_new_life_ends_the_last_ones_unended_line_and_a_rotated_times_file_repeats_n
             (T2, false, "second life"),
         ])
     );
+    // A line half written when the times file rotates stays one line.
+    logs.reached(Stream::Stdout, T2, b"half ");
+    assert!(reader.read_new().is_empty());
     // The times file rotates: the new one restates the life and the live starts.
     let path = times_path(logs.path(), "r");
     std::fs::rename(&path, path.with_extension("times.1")).unwrap();
@@ -171,8 +174,11 @@ fn a_new_life_ends_the_last_ones_unended_line_and_a_rotated_times_file_repeats_n
         stamp: T2,
         offset: live,
     });
-    logs.reached(Stream::Stdout, T3, b"after\n");
-    assert_eq!(texts(&reader.read_new()), owned(&[(T3, false, "after")]));
+    logs.reached(Stream::Stdout, T3, b"and after\n");
+    assert_eq!(
+        texts(&reader.read_new()),
+        owned(&[(T3, false, "half and after")])
+    );
 }
 
 #[test]
