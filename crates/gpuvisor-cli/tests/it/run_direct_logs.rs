@@ -6,13 +6,13 @@ use crate::util::{gpuvisor, Run};
 
 const JOB: &str = r#"
 [process.server]
-command = ["sh", "-c", "echo booting; sleep 0.3; echo 'listening on 8080' >&2; sleep 1; echo bye"]
+command = ["sh", "-c", "echo booting; sleep 0.3; echo 'listening on 8080' >&2; sleep 5; echo bye"]
 device = "cpu"
 logs = "direct"
 ready = "log:listening on \\d+"
 
 [process.actor]
-command = ["sh", "-c", "for i in 1 2 3; do echo actor step $i; sleep 0.1; done; printf 'torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.' >&2; exit 1"]
+command = ["sh", "-c", "for i in 1 2 3; do echo actor step $i; sleep 0.1; done; printf 'torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.' >&2; if [ {replica} = 0 ]; then touch zero-wrote; sleep 5; else while [ ! -e zero-wrote ]; do sleep 0.05; done; exit 1; fi"]
 replicas = 2
 device = "cpu"
 logs = "direct"
@@ -51,6 +51,7 @@ fn direct_logs_are_copied_to_the_terminal_dated_matched_and_read_back() {
         "server   | listening on 8080",
         "actor[1] | actor step 3",
         "actor[0] | torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.",
+        "actor[1] | torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.",
     ] {
         assert!(run.stdout.contains(line), "`{line}` in\n{}", run.stdout);
     }
@@ -67,8 +68,13 @@ fn direct_logs_are_copied_to_the_terminal_dated_matched_and_read_back() {
             .unwrap_or_else(|| panic!("no {kind} of {process} in\n{events}"))
     };
     assert!(at("ready", "server") < at("start", "actor[0]"), "{events}");
-    // The exit cause comes from the tail the pump read back.
-    assert!(events.contains(r#""cause":"cuda-oom""#), "{events}");
+    // actor[1] fails once actor[0] has written its (unended) last line; actor[0] is stopped
+    // with the job. actor[1]'s exit cause comes from the tail the pump read back.
+    let exit = events
+        .lines()
+        .find(|line| line.contains(r#""kind":"exit""#) && line.contains(r#""process":"actor[1]""#))
+        .unwrap_or_else(|| panic!("no exit of actor[1] in\n{events}"));
+    assert!(exit.contains(r#""cause":"cuda-oom""#), "{exit}");
     // `gpuvisor logs` merges the replicas' dated lines.
     let all: Run = gpuvisor()
         .arg("logs")
