@@ -621,6 +621,7 @@ pub unsafe extern "C" fn cuMemGetAccess(
 
 extern "C" {
     fn memfd_create(name: *const std::ffi::c_char, flags: u32) -> i32;
+    fn close(fd: i32) -> i32;
 }
 const MFD_CLOEXEC: u32 = 1;
 /// CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR.
@@ -632,14 +633,30 @@ static EXPORTED: ForkLock<HashMap<u64, u64>> = ForkLock::new();
 /// The inode of descriptor `fd`, without taking ownership of it.
 fn inode(fd: i32) -> Option<u64> {
     use std::os::unix::fs::MetadataExt;
+    if fd < 0 {
+        return None;
+    }
+    borrowed(fd).metadata().ok().map(|metadata| metadata.ino())
+}
+
+/// What an exported descriptor holds, for an import in another process (NCCL's P2P transport
+/// passes it over a Unix socket): a tag, the device's physical index, the size, the
+/// properties.
+const RECORD_TAG: &[u8; 8] = b"gvsimh1\n";
+const RECORD_BYTES: usize = 8 + 4 + 8 + 32;
+
+/// Descriptor `fd`, borrowed (the caller keeps it open).
+fn borrowed(fd: i32) -> std::mem::ManuallyDrop<std::fs::File> {
     use std::os::unix::io::FromRawFd;
-    // SAFETY: borrowed for one fstat; ManuallyDrop keeps the caller's descriptor open.
-    let file = std::mem::ManuallyDrop::new(unsafe { std::fs::File::from_raw_fd(fd) });
-    file.metadata().ok().map(|metadata| metadata.ino())
+    // SAFETY: the caller's open descriptor, wrapped without taking ownership (ManuallyDrop
+    // never closes it).
+    std::mem::ManuallyDrop::new(unsafe { std::fs::File::from_raw_fd(fd) })
 }
 
 /// cuMemExportToShareableHandle: a new descriptor (a memfd) standing for the handle. Imports in
-/// the same process find the handle again; another process's import is not simulated.
+/// the same process find the handle again by the descriptor's inode; another process reads
+/// the handle's device, size and properties from the memfd and gets a handle of its own to
+/// the same memory (which this process holds: kernels do not run, so no data is shared).
 #[no_mangle]
 pub unsafe extern "C" fn cuMemExportToShareableHandle(
     shareable: *mut c_void,
@@ -653,21 +670,35 @@ pub unsafe extern "C" fn cuMemExportToShareableHandle(
     if kind != HANDLE_TYPE_FD {
         return code::NOT_SUPPORTED;
     }
-    let known = with_driver(|driver| {
-        if driver.physical_known(handle) {
-            code::SUCCESS
-        } else {
-            code::INVALID_HANDLE
-        }
+    let found = query(|driver| {
+        driver
+            .physical_known(handle)
+            .then(|| driver.export_record(handle))
+            .flatten()
+            .ok_or(code::INVALID_HANDLE)
     });
-    if known != code::SUCCESS {
-        return known;
-    }
+    let (physical_index, bytes, properties) = match found {
+        Ok(found) => found,
+        Err(error) => return error,
+    };
     // SAFETY: a NUL-terminated name; the new descriptor is handed to the caller.
     let fd = unsafe { memfd_create(c"gpuvisor-sim-handle".as_ptr(), MFD_CLOEXEC) };
     let Some(node) = (fd >= 0).then(|| inode(fd)).flatten() else {
         return code::OPERATING_SYSTEM;
     };
+    let mut record = Vec::with_capacity(RECORD_BYTES);
+    record.extend_from_slice(RECORD_TAG);
+    record.extend_from_slice(&physical_index.to_le_bytes());
+    record.extend_from_slice(&bytes.to_le_bytes());
+    record.extend_from_slice(&properties);
+    {
+        use std::os::unix::fs::FileExt;
+        if borrowed(fd).write_all_at(&record, 0).is_err() {
+            // SAFETY: our own new descriptor, not handed out.
+            unsafe { close(fd) };
+            return code::OPERATING_SYSTEM;
+        }
+    }
     EXPORTED.with(|exported| exported.insert(node, handle));
     put(shareable.cast::<i32>(), fd);
     code::SUCCESS
@@ -684,14 +715,36 @@ pub unsafe extern "C" fn cuMemImportFromShareableHandle(
     if kind != HANDLE_TYPE_FD {
         return code::NOT_SUPPORTED;
     }
-    let Some(found) = inode(shareable as usize as i32)
-        .and_then(|node| EXPORTED.with(|exported| exported.get(&node).copied()))
-    else {
+    if handle.is_null() {
+        return code::INVALID_VALUE;
+    }
+    let fd = shareable as usize as i32;
+    let Some(node) = inode(fd) else {
         return code::INVALID_VALUE;
     };
-    with_driver(|driver| match driver.vmm.retain_handle(found) {
-        Ok(()) if put(handle, found) => code::SUCCESS,
-        Ok(()) => code::INVALID_VALUE,
-        Err(error) => error,
-    })
+    if let Some(found) = EXPORTED.with(|exported| exported.get(&node).copied()) {
+        return with_driver(|driver| match driver.vmm.retain_handle(found) {
+            Ok(()) if put(handle, found) => code::SUCCESS,
+            Ok(()) => code::INVALID_VALUE,
+            Err(error) => error,
+        });
+    }
+    // Another process's export: its record.
+    let mut record = [0u8; RECORD_BYTES];
+    {
+        use std::os::unix::fs::FileExt;
+        if borrowed(fd).read_exact_at(&mut record, 0).is_err() || &record[..8] != RECORD_TAG {
+            return code::INVALID_VALUE;
+        }
+    }
+    let physical_index = u32::from_le_bytes(record[8..12].try_into().expect("4 bytes"));
+    let bytes = u64::from_le_bytes(record[12..20].try_into().expect("8 bytes"));
+    let properties: [u8; 32] = record[20..].try_into().expect("32 bytes");
+    with_driver(
+        |driver| match driver.import_physical(physical_index, bytes, properties) {
+            Ok(imported) if put(handle, imported) => code::SUCCESS,
+            Ok(_) => code::INVALID_VALUE,
+            Err(error) => error,
+        },
+    )
 }

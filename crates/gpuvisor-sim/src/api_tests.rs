@@ -122,3 +122,80 @@ fn a_forked_child_starts_uninitialised_with_its_own_pid() {
     );
     assert_eq!(cuCtxDestroy_v2(context), code::SUCCESS);
 }
+
+#[test]
+fn another_process_imports_an_exported_handle_without_being_charged_for_it() {
+    use crate::api_copy::{cuMemExportToShareableHandle, cuMemImportFromShareableHandle};
+    use crate::api_memory::{cuMemCreate, cuMemGetInfo_v2, cuMemRelease};
+    let _turn = driver();
+    let context = new_context(1);
+    // CUmemAllocationProp: pinned, POSIX file descriptor handles, on device 1.
+    let mut prop = [0u8; 32];
+    prop[0..4].copy_from_slice(&1i32.to_le_bytes());
+    prop[4..8].copy_from_slice(&1i32.to_le_bytes());
+    prop[8..12].copy_from_slice(&1i32.to_le_bytes());
+    prop[12..16].copy_from_slice(&1i32.to_le_bytes());
+    let mut handle = 0u64;
+    // SAFETY: valid out-pointers and a 32-byte CUmemAllocationProp.
+    assert_eq!(
+        unsafe { cuMemCreate(&mut handle, 2 << 20, prop.as_ptr().cast(), 0) },
+        code::SUCCESS
+    );
+    let mut fd = -1i32;
+    // SAFETY: a valid out-pointer for the descriptor.
+    assert_eq!(
+        unsafe { cuMemExportToShareableHandle((&raw mut fd).cast(), handle, 1, 0) },
+        code::SUCCESS
+    );
+    // SAFETY: the child runs only the code below and then _exits; this thread holds the
+    // driver's turn, so no other test is inside the driver when it forks.
+    let child = unsafe { fork() };
+    assert!(child >= 0, "fork failed");
+    if child == 0 {
+        // A fresh driver that never saw the export, as in the process NCCL sent the
+        // descriptor to.
+        let free = || {
+            let (mut free, mut total) = (0usize, 0usize);
+            // SAFETY: valid out-pointers.
+            unsafe { cuMemGetInfo_v2(&mut free, &mut total) };
+            free
+        };
+        let mut imported = 0u64;
+        let status =
+            if cuInit(0) != code::SUCCESS || cuCtxSetCurrent(new_context(1)) != code::SUCCESS {
+                1
+            } else {
+                let before = free();
+                // SAFETY: a valid out-pointer; the descriptor is inherited and open.
+                let result = unsafe {
+                    cuMemImportFromShareableHandle(&mut imported, fd as usize as *mut c_void, 1)
+                };
+                if result != code::SUCCESS {
+                    2
+                } else if free() != before {
+                    3 // the importer was charged for memory the exporter holds
+                } else if cuMemRelease(imported) != code::SUCCESS || free() != before {
+                    4
+                } else {
+                    0
+                }
+            };
+        // SAFETY: ends the child without running the test harness's exit handlers.
+        unsafe { _exit(status) };
+    }
+    let mut status = 0;
+    // SAFETY: waits for our own child with a valid status pointer.
+    assert_eq!(unsafe { waitpid(child, &mut status, 0) }, child);
+    assert_eq!(status, 0, "child failed check {}", status >> 8);
+    // In the exporting process the descriptor finds the same handle again.
+    let mut again = 0u64;
+    // SAFETY: a valid out-pointer and our own open descriptor.
+    assert_eq!(
+        unsafe { cuMemImportFromShareableHandle(&mut again, fd as usize as *mut c_void, 1) },
+        code::SUCCESS
+    );
+    assert_eq!(again, handle);
+    assert_eq!(cuMemRelease(again), code::SUCCESS);
+    assert_eq!(cuMemRelease(handle), code::SUCCESS);
+    assert_eq!(cuCtxDestroy_v2(context), code::SUCCESS);
+}

@@ -478,6 +478,32 @@ impl Driver {
         Ok(handle)
     }
 
+    /// What another process needs to import `handle`: its device's physical index, its size
+    /// and its properties.
+    pub fn export_record(&self, handle: u64) -> Option<(u32, u64, [u8; 32])> {
+        let (ordinal, bytes) = self.vmm.handle_device(handle)?;
+        let properties = self.vmm.properties(handle)?;
+        Some((self.devices.get(ordinal)?.index, bytes, properties))
+    }
+
+    /// cuMemImportFromShareableHandle of another process's export: a handle of this process
+    /// to the same memory, which that process holds and was charged for.
+    pub fn import_physical(
+        &mut self,
+        physical_index: u32,
+        bytes: u64,
+        properties: [u8; 32],
+    ) -> Result<u64, i32> {
+        let ordinal = self
+            .devices
+            .iter()
+            .position(|device| device.index == physical_index)
+            .ok_or(code::INVALID_DEVICE)?;
+        let handle = self.handle();
+        self.vmm.import(handle, ordinal, bytes, properties);
+        Ok(handle)
+    }
+
     fn give_back(&mut self, freed: impl IntoIterator<Item = Freed>) {
         for freed in freed {
             self.uncharge(freed.device, freed.bytes);

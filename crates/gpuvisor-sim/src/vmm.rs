@@ -21,6 +21,9 @@ struct Handle {
     /// The CUmemAllocationProp it was made with (32 bytes), for
     /// cuMemGetAllocationPropertiesFromHandle.
     properties: [u8; 32],
+    /// Imported from another process's export: that process holds (and was charged) the
+    /// memory, so nothing is given back here when it goes.
+    imported: bool,
 }
 
 /// A mapped range.
@@ -58,8 +61,17 @@ impl Vmm {
                 references: 1,
                 mappings: 0,
                 properties,
+                imported: false,
             },
         );
+    }
+
+    /// Records a handle imported from another process (its memory charged there).
+    pub fn import(&mut self, handle: u64, device: usize, bytes: u64, properties: [u8; 32]) {
+        self.create(handle, device, bytes, properties);
+        if let Some(known) = self.handles.get_mut(&handle) {
+            known.imported = true;
+        }
     }
 
     /// Whether `handle` is a live handle someone still holds.
@@ -91,6 +103,9 @@ impl Vmm {
             return None;
         }
         let known = self.handles.remove(&handle)?;
+        if known.imported {
+            return None;
+        }
         Some(Freed {
             device: known.device,
             bytes: known.bytes,
