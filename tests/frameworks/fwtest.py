@@ -44,6 +44,9 @@ def gpuvisor_bin():
     return str(path)
 
 
+_warmed = set()
+
+
 def venv_python(test, name):
     """The python of venv NAME (torch | jax): $GPUVISOR_TORCH_PYTHON / $GPUVISOR_JAX_PYTHON, else
     built (or reused) by venv.sh. When it cannot be had the test skips, saying why, or fails
@@ -75,6 +78,16 @@ def venv_python(test, name):
         if IN_CI:
             raise AssertionError(message + "\n($CI is set: a missing venv is a failure)")
         test.skipTest(message)
+    if name not in _warmed:
+        # A venv just built on a busy machine may be out of the page cache: the first
+        # `import torch` then reads GBs from disk, and a job's first process sat quiet (in
+        # disk wait) past a 10 s stall_after before its ranks started (seen in CI on a fresh
+        # machine). Read it once here, outside any test's timing.
+        _warmed.add(name)
+        module = {"torch": "torch", "jax": "jax", "cupy": "cupy"}.get(name)
+        if module:
+            subprocess.run([python, "-c", f"import {module}"], stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL, timeout=300, check=False)
     return python
 
 
