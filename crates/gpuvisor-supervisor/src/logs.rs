@@ -12,7 +12,6 @@
 //! A replica with direct logs (`logs = "direct"`) has no pipes: it writes its own files, and
 //! the pump only dates them (see [`direct`]).
 
-use std::collections::HashMap;
 use std::fs::File;
 use std::io::{self, Read, Write};
 use std::os::fd::{AsFd, OwnedFd};
@@ -25,7 +24,6 @@ use std::thread::JoinHandle;
 use gpuvisor_record::log_file::Stream as Pipe;
 use nix::fcntl::{fcntl, FcntlArg, OFlag};
 use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags};
-use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify, WatchDescriptor};
 use nix::unistd::pipe;
 use regex::bytes::Regex;
 
@@ -33,9 +31,11 @@ use crate::clock::{now_unix_ms, rfc3339_ms};
 use crate::spawn::StartedOutput;
 use crate::terminal::TerminalQueue;
 use direct::DirectReplica;
+use direct_watch::{DirectLogs, INOTIFY_TOKEN};
 use replica_file::ReplicaFile;
 
 mod direct;
+mod direct_watch;
 mod replica_file;
 
 /// How the log files are kept.
@@ -78,11 +78,6 @@ const READ_BYTES: usize = 1 << 16;
 const EVENTS_PER_WAKE: usize = 256;
 /// The epoll token of the wake pipe; a stream's token is its slot in `Pump::streams` + 1.
 const WAKE_TOKEN: u64 = 0;
-/// The epoll token of the inotify descriptor (direct logs).
-const INOTIFY_TOKEN: u64 = u64::MAX;
-/// Direct logs are looked at this often even without an inotify event (a lost or
-/// overflowed event, or no inotify at all).
-const LOOK_ALL_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 /// How long [`LogPump::finish`] waits for pipes still open.
 const FINISH_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
 
@@ -156,14 +151,7 @@ impl LogPump {
             wake: File::from(wake_read),
             buffer: vec![0; READ_BYTES],
             write_failures: Vec::new(),
-            direct: Vec::new(),
-            inotify: None,
-            watches: HashMap::new(),
-            dirty: Vec::new(),
-            polled: std::collections::BTreeSet::new(),
-            inotify_armed: true,
-            look_due: None,
-            last_look_all: std::time::Instant::now(),
+            direct: DirectLogs::new(),
         };
         let thread = std::thread::Builder::new()
             .name("gpuvisor-logs".into())
@@ -303,22 +291,8 @@ struct Pump {
     buffer: Vec<u8>,
     /// Failed writes per replica (the first is said on stderr).
     write_failures: Vec<u64>,
-    /// Replicas with direct logs, by index.
-    direct: Vec<Option<DirectReplica>>,
-    /// Watches the direct log files (created at the first one; `None` without inotify: then
-    /// they are looked at every [`LOOK_ALL_EVERY`]).
-    inotify: Option<Inotify>,
-    watches: HashMap<WatchDescriptor, usize>,
-    /// Replicas whose files changed since the last look.
-    dirty: Vec<usize>,
-    /// Replicas whose files grew at their last look: looked at every
-    /// [`direct::LOOK_EVERY`] without inotify watches until a look finds them quiet.
-    polled: std::collections::BTreeSet<usize>,
-    /// The inotify descriptor is in the epoll set (it is taken out for [`direct::LOOK_EVERY`]
-    /// after each event, so that a chatty child's writes gather into one look).
-    inotify_armed: bool,
-    look_due: Option<std::time::Instant>,
-    last_look_all: std::time::Instant,
+    /// Replicas with direct logs, and when they are looked at.
+    direct: DirectLogs,
 }
 
 impl Pump {
@@ -339,7 +313,7 @@ impl Pump {
                     return;
                 }
             }
-            let timeout: u16 = if self.look_due.is_some() { 1 } else { 500 };
+            let timeout: u16 = if self.direct.look_pending() { 1 } else { 500 };
             let count = match self.epoll.wait(&mut ready, timeout) {
                 Ok(count) => count,
                 Err(nix::errno::Errno::EINTR) => continue,
@@ -352,7 +326,7 @@ impl Pump {
             for event in &ready[..count] {
                 let token = event.data();
                 if token == INOTIFY_TOKEN {
-                    self.take_inotify_events();
+                    self.direct.take_events();
                     continue;
                 }
                 if token == WAKE_TOKEN {
@@ -370,87 +344,23 @@ impl Pump {
         }
     }
 
-    /// Looks at the direct logs that changed, once [`direct::LOOK_EVERY`] has passed since
-    /// the first change; all of them every [`LOOK_ALL_EVERY`], and at the end.
+    /// Looks at the direct logs that are due ([`DirectLogs::due`]).
     fn look_at_direct(&mut self, stamp: &Stamp, ending: bool) {
-        let now = std::time::Instant::now();
-        if ending || now.duration_since(self.last_look_all) >= LOOK_ALL_EVERY {
-            self.last_look_all = now;
-            self.dirty = (0..self.direct.len())
-                .filter(|&replica| self.direct[replica].is_some())
-                .collect();
-            self.look_due = Some(now);
-        }
-        if self.look_due.is_none_or(|due| now < due) {
-            return;
-        }
-        self.look_due = None;
-        let mut dirty = std::mem::take(&mut self.dirty);
-        dirty.extend(self.polled.iter().copied());
-        dirty.sort_unstable();
-        dirty.dedup();
-        for &replica in &dirty {
+        for replica in self.direct.due(ending) {
             let grew = self.look(replica, stamp);
-            // A file that keeps growing is looked at every LOOK_EVERY without its watch: an
-            // inotify watch costs the child an event on every write. Once it is quiet, the
-            // watch goes back on, with one more look for what came in between.
-            let polled = self.polled.contains(&replica);
-            if grew && !polled && self.inotify.is_some() {
-                self.unwatch(replica);
-                self.polled.insert(replica);
-            } else if !grew && polled {
-                self.polled.remove(&replica);
-                self.watch(replica);
-                self.dirty.push(replica);
-            }
+            self.direct.looked(replica, grew);
         }
-        if !self.polled.is_empty() || !self.dirty.is_empty() {
-            self.look_due = Some(now + direct::LOOK_EVERY);
-        }
-        if !self.inotify_armed {
-            if let Some(inotify) = &self.inotify {
-                let event = EpollEvent::new(
-                    EpollFlags::EPOLLIN | EpollFlags::EPOLLONESHOT,
-                    INOTIFY_TOKEN,
-                );
-                self.inotify_armed = self.epoll.modify(inotify, &mut { event }).is_ok();
-            }
-        }
-    }
-
-    /// Reads what inotify queued: which replicas' files changed. The descriptor stays out of
-    /// the epoll set (one shot) until they have been looked at.
-    fn take_inotify_events(&mut self) {
-        self.inotify_armed = false;
-        let Some(inotify) = &self.inotify else { return };
-        loop {
-            match inotify.read_events() {
-                Ok(events) if !events.is_empty() => {
-                    for event in events {
-                        if event.mask.contains(AddWatchFlags::IN_Q_OVERFLOW) {
-                            self.last_look_all = std::time::Instant::now() - LOOK_ALL_EVERY;
-                        } else if let Some(&replica) = self.watches.get(&event.wd) {
-                            self.dirty.push(replica);
-                        }
-                    }
-                }
-                Ok(_) => break,
-                Err(nix::errno::Errno::EINTR) => continue,
-                Err(_) => break, // EAGAIN: all read
-            }
-        }
-        self.look_due
-            .get_or_insert_with(|| std::time::Instant::now() + direct::LOOK_EVERY);
+        self.direct.rearm(&self.epoll);
     }
 
     /// One look at replica `replica`'s direct logs; whether they grew.
     fn look(&mut self, replica: usize, stamp: &Stamp) -> bool {
-        let Some(Some(log)) = self.direct.get_mut(replica) else {
+        let terminal = terminal_of(&self.terminal, &self.file_stems, replica);
+        let Some(log) = self.direct.get_mut(replica) else {
             return false;
         };
         let limits = (self.config.max_file_bytes, self.config.keep_rotated);
-        let known = replica < self.file_stems.len();
-        let look = match self.terminal.as_ref().filter(|_| known) {
+        let look = match terminal {
             Some(terminal) => {
                 let mut echo = |carried: &[u8], fresh: &[u8]| {
                     let lines = memchr::memchr_iter(b'\n', fresh).count();
@@ -472,23 +382,28 @@ impl Pump {
             });
         }
         if let Some(problem) = look.problem {
-            if self.write_failures.len() <= replica {
-                self.write_failures.resize(replica + 1, 0);
-            }
-            self.write_failures[replica] += 1;
-            if self.write_failures[replica] == 1 {
-                let _ = writeln!(io::stderr(), "gpuvisor: {problem}");
-            }
+            self.say_once(replica, &problem);
         }
         look.grew
+    }
+
+    /// Says `problem` (a write that failed) on stderr, once per replica and run, not per read
+    /// nor per life: a full disk under fast restarts would otherwise print a line for each.
+    fn say_once(&mut self, replica: usize, problem: &str) {
+        if self.write_failures.len() <= replica {
+            self.write_failures.resize(replica + 1, 0);
+        }
+        self.write_failures[replica] += 1;
+        if self.write_failures[replica] == 1 {
+            let _ = writeln!(io::stderr(), "gpuvisor: {problem}");
+        }
     }
 
     /// A direct replica's life ended: a last look, then its tail to the supervisor.
     fn direct_exited(&mut self, replica: usize, generation: u64) {
         let current = self
             .direct
-            .get(replica)
-            .and_then(Option::as_ref)
+            .get_mut(replica)
             .is_some_and(|log| log.generation == generation);
         if !current {
             return;
@@ -496,13 +411,10 @@ impl Pump {
         let mut stamp = Stamp::default();
         stamp.update();
         self.look(replica, &stamp);
-        self.unwatch(replica);
-        self.polled.remove(&replica);
-        let Some(mut log) = self.direct[replica].take() else {
+        let Some(mut log) = self.direct.remove(replica) else {
             return;
         };
-        let known = replica < self.file_stems.len();
-        let ready = match self.terminal.as_ref().filter(|_| known) {
+        let ready = match terminal_of(&self.terminal, &self.file_stems, replica) {
             Some(terminal) => log.end_lines(Some(&mut |carried: &[u8], fresh: &[u8]| {
                 terminal.push(replica, 1, &[carried, fresh]);
             })),
@@ -523,38 +435,6 @@ impl Pump {
         });
     }
 
-    /// Puts inotify watches on replica `replica`'s direct log files.
-    fn watch(&mut self, replica: usize) {
-        let (Some(inotify), Some(Some(log))) = (&self.inotify, self.direct.get(replica)) else {
-            return;
-        };
-        for path in log.paths() {
-            match inotify.add_watch(path, AddWatchFlags::IN_MODIFY) {
-                Ok(wd) => {
-                    self.watches.insert(wd, replica);
-                }
-                Err(error) => eprintln!(
-                    "gpuvisor: cannot watch {} ({error}): it is dated once a second",
-                    path.display()
-                ),
-            }
-        }
-    }
-
-    fn unwatch(&mut self, replica: usize) {
-        let Some(inotify) = &self.inotify else { return };
-        let gone: Vec<WatchDescriptor> = self
-            .watches
-            .iter()
-            .filter(|(_, &owner)| owner == replica)
-            .map(|(&wd, _)| wd)
-            .collect();
-        for wd in gone {
-            let _ = inotify.rm_watch(wd);
-            self.watches.remove(&wd);
-        }
-    }
-
     /// Starts dating a direct replica's new life.
     fn add_direct(
         &mut self,
@@ -564,54 +444,16 @@ impl Pump {
         stem: String,
         starts: [u64; 2],
     ) {
-        if self.direct.len() <= replica {
-            self.direct.resize_with(replica + 1, || None);
-        }
-        if self.direct[replica].is_some() {
-            // Its last life's exit was not seen (or not yet): its files are the same.
-            self.unwatch(replica);
-        }
         let mut stamp = Stamp::default();
         stamp.update();
-        let log = match DirectReplica::open(
-            &self.config.dir,
-            &stem,
-            generation,
-            starts,
-            &stamp.text,
-            ready,
-        ) {
-            Ok(log) => log,
+        let dir = &self.config.dir;
+        match DirectReplica::open(dir, &stem, generation, starts, &stamp.text, ready) {
+            Ok(log) => self.direct.add(replica, log, &self.epoll),
             Err(error) => {
                 eprintln!("gpuvisor: cannot date the log files of {stem}: {error}");
-                self.direct[replica] = None;
-                return;
-            }
-        };
-        if self.inotify.is_none() {
-            match Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC) {
-                Ok(inotify) => {
-                    let event = EpollEvent::new(
-                        EpollFlags::EPOLLIN | EpollFlags::EPOLLONESHOT,
-                        INOTIFY_TOKEN,
-                    );
-                    if self.epoll.add(&inotify, event).is_ok() {
-                        self.inotify = Some(inotify);
-                        self.inotify_armed = true;
-                    }
-                }
-                Err(error) => eprintln!(
-                    "gpuvisor: inotify is not available ({error}): direct logs are dated once a second"
-                ),
+                self.direct.remove(replica);
             }
         }
-        self.direct[replica] = Some(log);
-        self.polled.remove(&replica);
-        self.watch(replica);
-        // It may have written before its files were watched.
-        self.dirty.push(replica);
-        self.look_due
-            .get_or_insert_with(|| std::time::Instant::now() + direct::LOOK_EVERY);
     }
 
     fn close_slot(&mut self, slot: usize, stamp: &Stamp) {
@@ -768,22 +610,13 @@ impl Pump {
             });
         }
         if let Some(error) = written.error {
-            // Once per replica and run, not per read nor per life: a full disk under fast
-            // restarts would otherwise print a line for each.
-            if self.write_failures.len() <= replica {
-                self.write_failures.resize(replica + 1, 0);
-            }
-            self.write_failures[replica] += 1;
-            if self.write_failures[replica] == 1 {
-                let _ = writeln!(
-                    io::stderr(),
-                    "gpuvisor: cannot write {}: {error} (further lines of this replica may be lost; said once)",
-                    log.path.display()
-                );
-            }
+            let problem = format!(
+                "cannot write {}: {error} (further lines of this replica may be lost; said once)",
+                log.path.display()
+            );
+            self.say_once(replica, &problem);
         }
-        let known = replica < self.file_stems.len();
-        if let Some(terminal) = self.terminal.as_ref().filter(|_| known) {
+        if let Some(terminal) = terminal_of(&self.terminal, &self.file_stems, replica) {
             // Counted here only: without a terminal, lines are never counted one by one.
             let ends_line = fresh.last().or(carried.last()) == Some(&b'\n');
             let lines = memchr::memchr_iter(b'\n', fresh).count() + usize::from(!ends_line);
@@ -820,6 +653,16 @@ impl Pump {
             });
         }
     }
+}
+
+/// The terminal replica `replica`'s lines go to: replicas added after the start have none
+/// (the terminal's prefixes, one per `file_stems` entry, were fixed then).
+fn terminal_of<'a>(
+    terminal: &'a Option<TerminalQueue>,
+    file_stems: &[String],
+    replica: usize,
+) -> Option<&'a TerminalQueue> {
+    terminal.as_ref().filter(|_| replica < file_stems.len())
 }
 
 /// Whether a line of `carried` + `fresh` (whole lines) matches `pattern`.

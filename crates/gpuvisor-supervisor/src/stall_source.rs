@@ -8,7 +8,7 @@ use std::path::Path;
 
 use crate::procfs::{self, threads};
 use crate::stall_class::ThreadSample;
-use gpuvisor_record::log_file::direct;
+use gpuvisor_record::log_file::{self, direct};
 
 /// The distributed rank of `pid` from its environment (`RANK`, else `JAX_PROCESS_ID`,
 /// `OMPI_COMM_WORLD_RANK`, `SLURM_PROCID`), if it is readable and set.
@@ -90,9 +90,9 @@ impl StallSource for ProcStallSource<'_> {
             return String::new();
         };
         let path = self.run_dir.join("logs").join(format!("{stem}.log"));
-        if let Some((dir, stem)) = direct::direct_of(&path) {
-            // Direct logs: both streams' lines, as plain text.
-            return direct::read_tail_direct(&dir, &stem, LOG_TAIL_BYTES, [0, 0])
+        if direct::direct_of(&path).is_some() {
+            // Direct logs: both streams' lines (merged by the record's reader), as plain text.
+            return log_file::read_tail(&path, LOG_TAIL_BYTES)
                 .unwrap_or_default()
                 .into_iter()
                 .map(|line| line.text + "\n")

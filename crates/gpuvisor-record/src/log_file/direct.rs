@@ -434,16 +434,10 @@ pub fn read_tail_direct(
         File::open(out_path(dir, stem)).ok(),
         File::open(err_path(dir, stem)).ok(),
     ];
-    let mut merge = Merge::default();
-    let mut head = Vec::new();
-    (&mut times).take(4096).read_to_end(&mut head)?;
-    // The live starts are restated at the top of every times file.
-    for raw in head.split(|&byte| byte == b'\n').skip(1).take(3) {
-        match std::str::from_utf8(raw).ok().and_then(Record::parse) {
-            Some(Record::Reached { .. }) | None => break,
-            Some(record) => merge.apply(&record, &data, &mut Vec::new()),
-        }
-    }
+    let mut merge = Merge {
+        consumed: live_starts(dir, stem),
+        ..Merge::default()
+    };
     for at in 0..2 {
         let Some(file) = &data[at] else { continue };
         let length = file.metadata().map_or(0, |meta| meta.len());

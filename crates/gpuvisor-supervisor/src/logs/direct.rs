@@ -1,6 +1,6 @@
 //! Direct logs (`logs = "direct"`): the child's stdout and stderr are its own log files
 //! (opened by the spawner), so no byte of its output passes through the supervisor. The pump
-//! only looks at the files when inotify says they changed, at most once per
+//! only looks at the files when inotify says they changed (when: [`super::direct_watch`]), at most once per
 //! [`LOOK_EVERY`], and dates what they hold in the replica's times file (the record's
 //! [`gpuvisor_record::log_file::direct`] format). It reads the bytes back only where something
 //! needs them: a readiness pattern not matched yet, the terminal, the exit-cause tail.
