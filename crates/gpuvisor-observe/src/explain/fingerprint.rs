@@ -40,6 +40,7 @@ pub fn fingerprints(literals: &[String]) -> Vec<String> {
     for (chosen, weight) in covers.iter().zip([3, 2, 1, 0]) {
         if debug {
             eprintln!("weight {weight}: {} fingerprints", distinct(chosen));
+            print_pieces(literals, chosen);
         }
         if distinct(chosen) <= FAST_SEARCH_LIMIT {
             return chosen.clone();
@@ -50,8 +51,23 @@ pub fn fingerprints(literals: &[String]) -> Vec<String> {
     merge_pairs(&mut best, &candidates);
     if debug {
         eprintln!("after exchanges: {} fingerprints", distinct(&best));
+        print_pieces(literals, &best);
     }
     best
+}
+
+/// For GPUVISOR_DEBUG_FINGERPRINTS: each chosen piece with the literals it serves, fewest
+/// first (a piece serving one literal is what a rewritten pattern could save).
+fn print_pieces(literals: &[String], chosen: &[String]) {
+    let mut served: std::collections::BTreeMap<&str, Vec<&str>> = Default::default();
+    for (literal, piece) in literals.iter().zip(chosen) {
+        served.entry(piece).or_default().push(literal);
+    }
+    let mut pieces: Vec<_> = served.into_iter().collect();
+    pieces.sort_by_key(|(_, served)| served.len());
+    for (piece, served) in pieces {
+        eprintln!("  {piece:?} ({}): {served:?}", served.len());
+    }
 }
 
 /// A set of literal indices.
