@@ -380,11 +380,12 @@ fn rates_on_real_logs() {
     // source-message rules: 489/493 and 489/493, 148/159 and 146/159. With batch 16 added
     // untuned: 509/522 and 508/522 tuning, 158/169 and 156/169 held out. After tuning on batch
     // 16's tuning positions: 515/522 and 514/522 tuning, 159/169 and 157/169 held out. With
-    // batch 17 added untuned: 542/552 and 541/552 tuning, 169/179 and 167/179 held out.
+    // batch 17 added untuned: 542/552 and 541/552 tuning, 169/179 and 167/179 held out. After
+    // tuning on batch 17's tuning positions: 544/552 and 543/552, held out unchanged.
     floor("tuning: detected", tune.detected, tune.logs, 0.98);
     floor("tuning: right fix", tune.right, tune.logs, 0.98);
     floor("held out: detected", held.detected, held.logs, 0.94);
-    floor("held out: right fix", held.right, held.logs, 0.92);
+    floor("held out: right fix", held.right, held.logs, 0.93);
     assert_eq!(
         tune_h.false_alarms + held_h.false_alarms,
         0,
