@@ -81,7 +81,9 @@ fn torch_oom(figures: &BTreeMap<String, u64>) -> Analysis {
     if others > 0 {
         facts.push(format!("other processes held {}", size(others)));
     }
-    let siblings = same_sized_processes(figures).filter(|_| others >= tried);
+    let siblings = same_sized_processes(figures)
+        .or_else(|| started_together(figures))
+        .filter(|_| others >= tried);
 
     // Outside PyTorch's allocator but inside this process: context, cuDNN/cuBLAS workspaces,
     // NCCL, or another framework's pool.
@@ -97,8 +99,10 @@ fn torch_oom(figures: &BTreeMap<String, u64>) -> Analysis {
             // NVML had no per-process figure (in a container without the host's pids it
             // reports 0 for every process, this one included): the count is the evidence.
             format!("{count} other processes have a context on this GPU (NVML gave no per-process figures: every one reads 0 bytes); that many on one GPU are this job's other ranks (or workers), each with a context here")
-        } else {
+        } else if same_sized_processes(figures).is_some() {
             format!("{count} other processes hold about {} each on this GPU: alike in size, they are this job's other ranks (or workers), each with a context here", size(each))
+        } else {
+            format!("{count} other processes with process ids a few apart hold memory on this GPU (up to {} each): started together, they are this job's other ranks (or workers), each with a context here", size(each))
         };
         ("ranks-on-one-gpu", implication)
     } else if !shared && reserved_unallocated.is_some_and(|u| u >= tried) {
@@ -150,6 +154,18 @@ fn same_sized_processes(figures: &BTreeMap<String, u64>) -> Option<(u64, u64)> {
     let smallest = *figures.get("other_smallest")?;
     let largest = *figures.get("other_largest")?;
     (count >= 3 && largest <= smallest + smallest / 10).then_some((count, largest))
+}
+
+/// Two or more other processes whose process ids are within a few of each other (at most 4
+/// apart per process listed): one launcher (torchrun, mp.spawn, a job script) started them in
+/// a burst, so they are this job's ranks or workers, not unrelated jobs, whose ids lie far
+/// apart. Returns how many, and the largest.
+fn started_together(figures: &BTreeMap<String, u64>) -> Option<(u64, u64)> {
+    let count = *figures.get("other_count")?;
+    let lowest = *figures.get("other_lowest_pid")?;
+    let highest = *figures.get("other_highest_pid")?;
+    let largest = *figures.get("other_largest")?;
+    (count >= 2 && highest.saturating_sub(lowest) <= 4 * count).then_some((count, largest))
 }
 
 /// Reads XLA's "Memory usage: F bytes free, T bytes total", logged when cuDNN's handle could
@@ -342,6 +358,41 @@ mod tests {
         // Two are not enough to tell.
         listed.insert("other_largest".into(), GIB);
         listed.insert("other_count".into(), 2);
+        assert_ne!(
+            analyse("torch-oom", &listed).variant,
+            Some("ranks-on-one-gpu")
+        );
+    }
+
+    #[test]
+    fn torch_ranks_on_one_gpu_from_process_ids_started_together() {
+        let mut listed = figures(&[
+            ("tried", 0.03),
+            ("allocated", 9.56),
+            ("reserved_unallocated", 0.52),
+            ("total_capacity", 79.3),
+            ("free", 0.007),
+            ("process_in_use", 10.58),
+            ("other_processes", 68.7),
+            ("other_smallest", 9.89),
+            ("other_largest", 35.03),
+        ]);
+        listed.insert("other_count".into(), 3);
+        listed.insert("other_lowest_pid".into(), 1_563_102);
+        listed.insert("other_highest_pid".into(), 1_563_104);
+        let analysis = analyse("torch-oom", &listed);
+        assert_eq!(analysis.variant, Some("ranks-on-one-gpu"));
+        let text = analysis.text.expect("text");
+        assert!(text.contains("process ids a few apart"), "{text}");
+        // Ids far apart, sizes that differ: other jobs share the GPU.
+        listed.insert("other_highest_pid".into(), 1_790_411);
+        assert_eq!(
+            analyse("torch-oom", &listed).variant,
+            Some("other-processes")
+        );
+        // One other process alone says nothing about ranks.
+        listed.insert("other_count".into(), 1);
+        listed.insert("other_highest_pid".into(), 1_563_102);
         assert_ne!(
             analyse("torch-oom", &listed).variant,
             Some("ranks-on-one-gpu")

@@ -383,9 +383,10 @@ fn rates_on_real_logs() {
     // 16's tuning positions: 515/522 and 514/522 tuning, 159/169 and 157/169 held out. With
     // batch 17 added untuned: 542/552 and 541/552 tuning, 169/179 and 167/179 held out. After
     // tuning on batch 17's tuning positions: 544/552 and 543/552, held out unchanged. With batch
-    // 18 added untuned: 565/576 and 563/576 tuning, 175/187 and 173/187 held out.
+    // 18 added untuned: 565/576 and 563/576 tuning, 175/187 and 173/187 held out. After tuning
+    // on batch 18's tuning positions: 566/576 and 565/576, held out unchanged.
     floor("tuning: detected", tune.detected, tune.logs, 0.98);
-    floor("tuning: right fix", tune.right, tune.logs, 0.97);
+    floor("tuning: right fix", tune.right, tune.logs, 0.98);
     floor("held out: detected", held.detected, held.logs, 0.93);
     floor("held out: right fix", held.right, held.logs, 0.92);
     assert_eq!(
