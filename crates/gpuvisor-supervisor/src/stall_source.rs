@@ -38,6 +38,11 @@ pub trait StallSource {
     fn rank(&mut self, pid: i32) -> Option<u32>;
     /// What this source cannot see (for the event's `not_available`).
     fn not_available(&self) -> Vec<String>;
+    /// Bytes these processes have read so far, all together (`None`: not known). A quiet
+    /// replica that keeps reading is loading, not stalled.
+    fn read_progress(&mut self, _pids: &[i32]) -> Option<u64> {
+        None
+    }
 }
 
 /// No evidence beyond the snapshot (hand-made snapshots, tests of other rules).
@@ -103,6 +108,14 @@ impl StallSource for ProcStallSource<'_> {
 
     fn rank(&mut self, pid: i32) -> Option<u32> {
         rank(pid)
+    }
+
+    fn read_progress(&mut self, pids: &[i32]) -> Option<u64> {
+        let read: Vec<u64> = pids
+            .iter()
+            .filter_map(|&pid| threads::read_progress_bytes(pid))
+            .collect();
+        (!read.is_empty()).then(|| read.iter().sum())
     }
 
     fn not_available(&self) -> Vec<String> {

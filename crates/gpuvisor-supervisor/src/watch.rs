@@ -8,6 +8,7 @@
 use std::collections::{HashSet, VecDeque};
 
 use cpu_window::CpuWindow;
+use read_progress::ReadProgress;
 use std::time::Duration;
 
 use crate::events::Event;
@@ -117,6 +118,8 @@ pub struct Watch {
     /// Per replica: its threads since it became half-way quiet (when the window began, the
     /// first sample, then the latest samples).
     thread_windows: Vec<Option<ThreadWindow>>,
+    /// Per replica: its reads since it became half-way quiet.
+    reads: Vec<Option<ReadProgress>>,
     /// Stalls found so far.
     pub stalls: u64,
     /// Violations (CPU-only GPU use) seen so far, from the GPU source or the shim.
@@ -358,6 +361,7 @@ impl Watch {
     ) {
         let now = snapshot.time_unix_ms;
         self.thread_windows.resize(snapshot.replicas.len(), None);
+        self.reads.resize(snapshot.replicas.len(), None);
         let interval = snapshot.interval_ms.max(1);
         self.stalled.resize(snapshot.replicas.len(), None);
         self.cpu_windows
@@ -387,6 +391,7 @@ impl Watch {
             if quiet_ms < stall_ms / 2 {
                 self.stalled[index] = None;
                 self.thread_windows[index] = None;
+                self.reads[index] = None;
                 continue;
             }
             // Half-way quiet: sample its threads every tick until it stalls, so the stall is
@@ -408,6 +413,14 @@ impl Watch {
                             recent: VecDeque::from([sample]),
                         })
                     }
+                }
+            }
+            // Until it stalls, reading counts as progress (docs/supervisor.md, "Stalls").
+            if self.stalled[index].is_none() {
+                let pids: Vec<i32> = own.iter().map(|&at| snapshot.processes[at].pid).collect();
+                let read = source.read_progress(&pids);
+                if ReadProgress::quiet_ms(&mut self.reads[index], quiet_ms, now, read) < stall_ms {
+                    continue;
                 }
             }
             if quiet_ms < stall_ms {
@@ -491,6 +504,7 @@ impl Watch {
 }
 
 mod cpu_window;
+mod read_progress;
 
 #[cfg(test)]
 mod tests;

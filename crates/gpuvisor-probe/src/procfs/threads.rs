@@ -1,6 +1,7 @@
 //! What the supervisor's stall classifier reads of a quiet replica's processes in /proc: each
-//! thread's name, state, user/system CPU, wait channel and blocking system call, and the TCP
-//! ports they listen on. Read only at a stall (and the ticks just before it), never on a
+//! thread's name, state, user/system CPU, wait channel and blocking system call, the TCP
+//! ports they listen on, and how much they have read (to tell a quiet process that is
+//! loading from one that is stuck). Read only at a stall (and the ticks just before it), never on a
 //! healthy job's ticks.
 
 use std::fs;
@@ -111,6 +112,24 @@ pub fn parse_thread_stat(text: &str) -> Option<ThreadSample> {
     })
 }
 
+/// Bytes `pid` has read so far (/proc/PID/io): `rchar`, what read(2) and friends returned
+/// (page cache and sockets included), plus `read_bytes`, what came from storage (page faults of
+/// mapped files, such as the shared libraries an import maps, count only here). `None` where
+/// the file is not readable (another user's process without ptrace rights, or gone).
+pub fn read_progress_bytes(pid: i32) -> Option<u64> {
+    parse_io(&fs::read_to_string(format!("/proc/{pid}/io")).ok()?)
+}
+
+/// [`read_progress_bytes`]'s parser: `rchar` + `read_bytes` of an io file.
+pub fn parse_io(text: &str) -> Option<u64> {
+    let field = |name: &str| {
+        text.lines()
+            .find_map(|line| line.strip_prefix(name)?.strip_prefix(':'))
+            .and_then(|value| value.trim().parse::<u64>().ok())
+    };
+    Some(field("rchar")?.saturating_add(field("read_bytes").unwrap_or(0)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -165,5 +184,14 @@ mod tests {
         let port = listener.local_addr().unwrap().port();
         let me = std::process::id() as i32;
         assert!(listening_ports(&[me]).contains(&(me, port)));
+    }
+
+    #[test]
+    fn io_progress_is_rchar_plus_read_bytes() {
+        let text = "rchar: 1048576\nwchar: 12\nsyscr: 40\nsyscw: 1\nread_bytes: 4096\nwrite_bytes: 0\ncancelled_write_bytes: 0\n";
+        assert_eq!(parse_io(text), Some(1_052_672));
+        assert_eq!(parse_io("wchar: 3\n"), None);
+        // Our own process can always read its own.
+        assert!(read_progress_bytes(std::process::id() as i32).is_some());
     }
 }

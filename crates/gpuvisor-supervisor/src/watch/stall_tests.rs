@@ -280,6 +280,61 @@ fn threads_in_the_stall_window_come_from_the_source() {
     assert_eq!(fake.calls, 2);
 }
 
+/// torchrun's launcher importing torch from a venv that fell out of the page cache (seen in
+/// CI on a fresh machine: 10.5 s without a line, in disk wait): it reads hundreds of MiB, so
+/// it is loading, not stalled; once its reads stop, the quiet time counts from the last one.
+#[test]
+fn a_quiet_replica_that_keeps_reading_is_not_stalled() {
+    #[derive(Default)]
+    struct Reading {
+        bytes: u64,
+    }
+    impl StallSource for Reading {
+        fn threads(&mut self, _pids: &[i32]) -> Vec<ThreadSample> {
+            vec![thread(21, 21, "python", 'D', (50, 400))]
+        }
+        fn listening(&mut self, _pids: &[i32]) -> Vec<(i32, u16)> {
+            Vec::new()
+        }
+        fn log_tail(&mut self, _index: usize) -> String {
+            String::new()
+        }
+        fn rank(&mut self, _pid: i32) -> Option<u32> {
+            None
+        }
+        fn not_available(&self) -> Vec<String> {
+            Vec::new()
+        }
+        fn read_progress(&mut self, pids: &[i32]) -> Option<u64> {
+            assert_eq!(pids, [21]);
+            Some(self.bytes)
+        }
+    }
+    let stalls = |findings: Vec<Finding>| {
+        findings
+            .iter()
+            .filter(|f| f.event.kind() == "stall")
+            .count()
+    };
+    let mut watch = Watch::new(config(BudgetAction::Warn, GpuUseAction::Warn));
+    let mut source = Reading { bytes: 10 << 20 };
+    // stall_after is 5 s. Half-way quiet: the first count.
+    let mut tick = |at: u64, quiet: u64, bytes: u64, source: &mut Reading| {
+        source.bytes = bytes;
+        let mut shot = snapshot(at);
+        shot.replicas[1].quiet_ms = Some(quiet);
+        stalls(watch.check_with(&mut shot, &[], source))
+    };
+    assert_eq!(tick(2_000, 3_000, 10 << 20, &mut source), 0);
+    // Past stall_after without a line, but 200 MiB read since: not a stall.
+    assert_eq!(tick(5_000, 6_000, 210 << 20, &mut source), 0);
+    assert_eq!(tick(8_000, 9_000, 400 << 20, &mut source), 0);
+    // The reads stop (a few KiB a tick): quiet from the last read at 8 s, so a stall once
+    // 5 s have passed since then, not before.
+    assert_eq!(tick(11_000, 12_000, (400 << 20) + 4096, &mut source), 0);
+    assert_eq!(tick(13_500, 14_500, (400 << 20) + 8192, &mut source), 1);
+}
+
 /// `py-spy dump --native` of torch rank 0 waiting for rank 1 (torch 2.15, NCCL 2.30), first
 /// frames.
 const PY_SPY_BOOTSTRAP: &str = "\
