@@ -111,9 +111,12 @@ on_gpu_use = "kill"
     std::fs::write(dir.path().join("job.toml"), job).unwrap();
     let port = free_port();
     let child = start(dir.path(), port, &[]);
-    // The holder's GPU memory, attributed to it through its shell, shows in the metrics.
+    // The holder's GPU memory, attributed to it through its shell, shows in the metrics: once
+    // its allocation is made (the context alone, 300 MiB, can show a sample earlier).
+    let holder_total = "gpuvisor_replica_gpu_memory_bytes{job=\"job\",process=\"holder\",replica=\"0\"} 851443712\n";
     let metrics = scrape_until(port, |metrics| {
         metrics.contains("gpuvisor_process_gpu_memory_bytes{job=\"job\",process=\"holder\"")
+            && metrics.contains(holder_total)
     });
     let (status, stderr) = finish(child);
     assert!(
@@ -121,10 +124,7 @@ on_gpu_use = "kill"
         "{metrics}\n{stderr}"
     );
     // 512 MiB plus the simulated context (300 MiB).
-    assert!(
-        metrics.contains("gpuvisor_replica_gpu_memory_bytes{job=\"job\",process=\"holder\",replica=\"0\"} 851443712\n"),
-        "{metrics}"
-    );
+    assert!(metrics.contains(holder_total), "{metrics}");
     assert!(status.code().is_some(), "{stderr}");
     let events =
         gpuvisor_supervisor::events::read_events(&dir.path().join("run/events.jsonl")).unwrap();
