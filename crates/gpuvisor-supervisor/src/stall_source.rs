@@ -30,14 +30,21 @@ pub fn rank(pid: i32) -> Option<u32> {
 pub trait StallSource {
     /// Every thread of these processes now.
     fn threads(&mut self, pids: &[i32]) -> Vec<ThreadSample>;
-    /// The TCP ports these processes listen on: (pid, port).
-    fn listening(&mut self, pids: &[i32]) -> Vec<(i32, u16)>;
-    /// The tail of replica `index`'s log.
-    fn log_tail(&mut self, index: usize) -> String;
-    /// The distributed rank of `pid`, if its environment says.
-    fn rank(&mut self, pid: i32) -> Option<u32>;
     /// What this source cannot see (for the event's `not_available`).
     fn not_available(&self) -> Vec<String>;
+    // What a source that cannot see something returns by default: nothing found.
+    /// The TCP ports these processes listen on: (pid, port).
+    fn listening(&mut self, _pids: &[i32]) -> Vec<(i32, u16)> {
+        Vec::new()
+    }
+    /// The tail of replica `index`'s log.
+    fn log_tail(&mut self, _index: usize) -> String {
+        String::new()
+    }
+    /// The distributed rank of `pid`, if its environment says.
+    fn rank(&mut self, _pid: i32) -> Option<u32> {
+        None
+    }
     /// Bytes these processes have read so far, all together (`None`: not known). A quiet
     /// replica that keeps reading is loading, not stalled.
     fn read_progress(&mut self, _pids: &[i32]) -> Option<u64> {
@@ -52,15 +59,6 @@ pub struct NoStallSource;
 impl StallSource for NoStallSource {
     fn threads(&mut self, _pids: &[i32]) -> Vec<ThreadSample> {
         Vec::new()
-    }
-    fn listening(&mut self, _pids: &[i32]) -> Vec<(i32, u16)> {
-        Vec::new()
-    }
-    fn log_tail(&mut self, _index: usize) -> String {
-        String::new()
-    }
-    fn rank(&mut self, _pid: i32) -> Option<u32> {
-        None
     }
     fn not_available(&self) -> Vec<String> {
         vec!["threads".into(), "log".into()]
@@ -111,11 +109,9 @@ impl StallSource for ProcStallSource<'_> {
     }
 
     fn read_progress(&mut self, pids: &[i32]) -> Option<u64> {
-        let read: Vec<u64> = pids
-            .iter()
+        pids.iter()
             .filter_map(|&pid| threads::read_progress_bytes(pid))
-            .collect();
-        (!read.is_empty()).then(|| read.iter().sum())
+            .reduce(u64::saturating_add)
     }
 
     fn not_available(&self) -> Vec<String> {

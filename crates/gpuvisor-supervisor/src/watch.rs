@@ -395,9 +395,15 @@ impl Watch {
                 continue;
             }
             // Half-way quiet: sample its threads every tick until it stalls, so the stall is
-            // classified from what they did over a window (CPU split, blocking calls seen).
+            // classified from what they did over a window (CPU split, blocking calls seen),
+            // and count its reads, which are progress until then (docs/supervisor.md, "Stall
+            // classes").
+            let mut quiet_or_reading_ms = quiet_ms;
             if self.stalled[index].is_none() {
                 let pids: Vec<i32> = own.iter().map(|&at| snapshot.processes[at].pid).collect();
+                let read = source.read_progress(&pids);
+                quiet_or_reading_ms =
+                    ReadProgress::quiet_ms(&mut self.reads[index], quiet_ms, now, read);
                 let sample = source.threads(&pids);
                 match &mut self.thread_windows[index] {
                     Some(window) => {
@@ -415,15 +421,7 @@ impl Watch {
                     }
                 }
             }
-            // Until it stalls, reading counts as progress (docs/supervisor.md, "Stalls").
-            if self.stalled[index].is_none() {
-                let pids: Vec<i32> = own.iter().map(|&at| snapshot.processes[at].pid).collect();
-                let read = source.read_progress(&pids);
-                if ReadProgress::quiet_ms(&mut self.reads[index], quiet_ms, now, read) < stall_ms {
-                    continue;
-                }
-            }
-            if quiet_ms < stall_ms {
+            if quiet_or_reading_ms < stall_ms {
                 self.stalled[index] = None;
                 continue;
             }

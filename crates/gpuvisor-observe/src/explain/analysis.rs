@@ -81,7 +81,8 @@ fn torch_oom(figures: &BTreeMap<String, u64>) -> Analysis {
     if others > 0 {
         facts.push(format!("other processes held {}", size(others)));
     }
-    let siblings = same_sized_processes(figures)
+    let same_sized = same_sized_processes(figures);
+    let siblings = same_sized
         .or_else(|| started_together(figures))
         .filter(|_| others >= tried);
 
@@ -99,7 +100,7 @@ fn torch_oom(figures: &BTreeMap<String, u64>) -> Analysis {
             // NVML had no per-process figure (in a container without the host's pids it
             // reports 0 for every process, this one included): the count is the evidence.
             format!("{count} other processes have a context on this GPU (NVML gave no per-process figures: every one reads 0 bytes); that many on one GPU are this job's other ranks (or workers), each with a context here")
-        } else if same_sized_processes(figures).is_some() {
+        } else if same_sized.is_some() {
             format!("{count} other processes hold about {} each on this GPU: alike in size, they are this job's other ranks (or workers), each with a context here", size(each))
         } else {
             format!("{count} other processes with process ids a few apart hold memory on this GPU (up to {} each): started together, they are this job's other ranks (or workers), each with a context here", size(each))

@@ -1,8 +1,8 @@
 //! What the supervisor's stall classifier reads of a quiet replica's processes in /proc: each
 //! thread's name, state, user/system CPU, wait channel and blocking system call, the TCP
 //! ports they listen on, and how much they have read (to tell a quiet process that is
-//! loading from one that is stuck). Read only at a stall (and the ticks just before it), never on a
-//! healthy job's ticks.
+//! loading from one that is stuck). Read only at a stall (and the ticks just before it),
+//! never on a healthy job's ticks.
 
 use std::fs;
 

@@ -293,15 +293,6 @@ fn a_quiet_replica_that_keeps_reading_is_not_stalled() {
         fn threads(&mut self, _pids: &[i32]) -> Vec<ThreadSample> {
             vec![thread(21, 21, "python", 'D', (50, 400))]
         }
-        fn listening(&mut self, _pids: &[i32]) -> Vec<(i32, u16)> {
-            Vec::new()
-        }
-        fn log_tail(&mut self, _index: usize) -> String {
-            String::new()
-        }
-        fn rank(&mut self, _pid: i32) -> Option<u32> {
-            None
-        }
         fn not_available(&self) -> Vec<String> {
             Vec::new()
         }
