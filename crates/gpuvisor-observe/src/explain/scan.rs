@@ -35,6 +35,10 @@ const MAX_LINE_TEXT: usize = 2_000;
 /// Hits remembered at the start and at the end of the log, per pattern.
 const FIRST_HITS: usize = 3;
 const LAST_HITS: usize = 2;
+/// The shortest literal whose presence, without its pattern's match, makes a line a near miss
+/// of the rule. Shorter ones ("rror", "CUDA ", shared so the prefilter stays small) are on half
+/// the lines of any failing log and would make every rule that uses them the closest.
+const NEAR_LITERAL_BYTES: usize = 8;
 
 /// What a pattern is for, in its rule.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -401,7 +405,10 @@ impl<'a> Scan<'a> {
                 if !regex.is_match(line) {
                     // A main pattern's literal without its match: the wording changed, or a
                     // near relative of the failure. Counted per rule, once per line.
-                    if pattern.role == Role::Anchor && self.last_near_line[pattern.rule] != number {
+                    if pattern.role == Role::Anchor
+                        && pattern.literal.len() >= NEAR_LITERAL_BYTES
+                        && self.last_near_line[pattern.rule] != number
+                    {
                         self.last_near_line[pattern.rule] = number;
                         self.near_lines[pattern.rule] += 1;
                         if self.near_first[pattern.rule].is_none() {
