@@ -218,8 +218,11 @@ fn merge_pairs(chosen: &mut [String], candidates: &[(String, Bits)]) {
                     .count()
             })
             .collect();
-        let mut exchanged = false;
-        'pairs: for (first, &p) in distinct.iter().enumerate() {
+        // Of every possible exchange, the one whose replacement is longest: a short one ("not ")
+        // is in half the lines of an ordinary log, and taking the first exchange found let the
+        // rules' order pick it.
+        let mut best: Option<(usize, usize, usize)> = None;
+        for (first, &p) in distinct.iter().enumerate() {
             for &q in &distinct[first + 1..] {
                 // Literals only p or q covers.
                 let alone: Vec<usize> = (0..count)
@@ -237,35 +240,36 @@ fn merge_pairs(chosen: &mut [String], candidates: &[(String, Bits)]) {
                     .copied()
                     .filter(|&r| alone.iter().all(|&index| holds(&candidates[r].1, index)))
                     .max_by_key(|&r| (candidates[r].0.len(), std::cmp::Reverse(r)));
-                let Some(r) = replacement else {
-                    continue;
-                };
-                let kept: Vec<usize> = distinct
-                    .iter()
-                    .copied()
-                    .filter(|&other| other != p && other != q)
-                    .chain([r])
-                    .collect();
-                for (index, slot) in chosen.iter_mut().enumerate() {
-                    let current = index_of(slot);
-                    if current == p || current == q {
-                        let best = kept
-                            .iter()
-                            .copied()
-                            .filter(|&other| holds(&candidates[other].1, index))
-                            .max_by_key(|&other| {
-                                (candidates[other].0.len(), std::cmp::Reverse(other))
-                            })
-                            .expect("the exchange keeps every literal covered");
-                        *slot = candidates[best].0.clone();
+                if let Some(r) = replacement {
+                    let longer = best.is_none_or(|(_, _, known)| {
+                        candidates[r].0.len() > candidates[known].0.len()
+                    });
+                    if longer {
+                        best = Some((p, q, r));
                     }
                 }
-                exchanged = true;
-                break 'pairs;
             }
         }
-        if !exchanged {
+        let Some((p, q, r)) = best else {
             return;
+        };
+        let kept: Vec<usize> = distinct
+            .iter()
+            .copied()
+            .filter(|&other| other != p && other != q)
+            .chain([r])
+            .collect();
+        for (index, slot) in chosen.iter_mut().enumerate() {
+            let current = index_of(slot);
+            if current == p || current == q {
+                let best = kept
+                    .iter()
+                    .copied()
+                    .filter(|&other| holds(&candidates[other].1, index))
+                    .max_by_key(|&other| (candidates[other].0.len(), std::cmp::Reverse(other)))
+                    .expect("the exchange keeps every literal covered");
+                *slot = candidates[best].0.clone();
+            }
         }
     }
 }

@@ -99,8 +99,10 @@ pub struct Compiled {
     /// The block search reports one fingerprint per position, so these are the ones that may
     /// also be present where it reported this one.
     same_start: Vec<Vec<usize>>,
-    /// Per fingerprint id: the patterns (set indices) that require it.
-    patterns_of: Vec<Vec<usize>>,
+    /// Per fingerprint id: the patterns (set indices) that require it, those with the same
+    /// literal next to each other (a variant's `when` often repeats a main pattern), each with
+    /// whether its literal is the previous entry's: a line is checked once per literal.
+    patterns_of: Vec<Vec<(usize, bool)>>,
     /// Per set index.
     pub patterns: Vec<PatternRef>,
     /// The distinct strings the prefilter searches for.
@@ -169,13 +171,30 @@ impl Compiled {
         let mut distinct = per_pattern.clone();
         distinct.sort();
         distinct.dedup();
-        let mut patterns_of = vec![Vec::new(); distinct.len()];
+        let mut grouped: Vec<Vec<usize>> = vec![Vec::new(); distinct.len()];
         for (index, fingerprint) in per_pattern.iter().enumerate() {
             let id = distinct
                 .binary_search(fingerprint)
                 .expect("every fingerprint is listed");
-            patterns_of[id].push(index);
+            grouped[id].push(index);
         }
+        let patterns_of = grouped
+            .into_iter()
+            .map(|mut indices| {
+                // Stable, so patterns of one literal keep the rules file's order.
+                indices.sort_by(|&a, &b| patterns[a].literal.cmp(&patterns[b].literal));
+                let mut previous: Option<&[u8]> = None;
+                indices
+                    .into_iter()
+                    .map(|index| {
+                        let literal = &patterns[index].literal[..];
+                        let same = previous == Some(literal);
+                        previous = Some(literal);
+                        (index, same)
+                    })
+                    .collect()
+            })
+            .collect();
         // It reports one fingerprint per start position; `same_start` finds the others
         // starting there.
         let prefilter = BlockSearch::new(&distinct)?;
@@ -390,13 +409,20 @@ impl<'a> Scan<'a> {
             let first = found.partition_point(|&(other, _)| other < id);
             let end = found.partition_point(|&(other, _)| other <= id);
             let places = &found[first..end];
-            for &index in &compiled.patterns_of[id] {
+            // Whether the line holds the current literal, once it was checked.
+            let mut holds: Option<bool> = None;
+            for &(index, same_literal) in &compiled.patterns_of[id] {
                 let pattern = &compiled.patterns[index];
+                if !same_literal {
+                    holds = None;
+                }
                 let saturated = !matches!(pattern.role, Role::Anchor | Role::Figure(_))
                     && self.hits[index].count >= FIRST_HITS as u64;
                 // The pattern's own literal first: far cheaper than the regex, and most
                 // lines sharing a common fingerprint ("CUDA") lack it.
-                if saturated || !Self::holds_literal(places, pattern, line) {
+                if saturated
+                    || !*holds.get_or_insert_with(|| Self::holds_literal(places, pattern, line))
+                {
                     continue;
                 }
                 let Some(regex) = pattern.regex() else {
