@@ -36,8 +36,8 @@ const MAX_LINE_TEXT: usize = 2_000;
 const FIRST_HITS: usize = 3;
 const LAST_HITS: usize = 2;
 /// The shortest literal whose presence, without its pattern's match, makes a line a near miss
-/// of the rule. Shorter ones ("rror", "CUDA ", shared so the prefilter stays small) are on half
-/// the lines of any failing log and would make every rule that uses them the closest.
+/// of the rule. Shorter ones ("rror", "CUDA ", shared so the prefilter stays small) are on many
+/// lines of any failing log and would make every rule that uses them the closest.
 const NEAR_LITERAL_BYTES: usize = 8;
 
 /// What a pattern is for, in its rule.
@@ -99,10 +99,8 @@ pub struct Compiled {
     /// The block search reports one fingerprint per position, so these are the ones that may
     /// also be present where it reported this one.
     same_start: Vec<Vec<usize>>,
-    /// Per fingerprint id: the patterns (set indices) that require it, those with the same
-    /// literal next to each other (a variant's `when` often repeats a main pattern), each with
-    /// whether its literal is the previous entry's: a line is checked once per literal.
-    patterns_of: Vec<Vec<(usize, bool)>>,
+    /// Per fingerprint id: the patterns (set indices) that require it.
+    patterns_of: Vec<Vec<usize>>,
     /// Per set index.
     pub patterns: Vec<PatternRef>,
     /// The distinct strings the prefilter searches for.
@@ -171,30 +169,13 @@ impl Compiled {
         let mut distinct = per_pattern.clone();
         distinct.sort();
         distinct.dedup();
-        let mut grouped: Vec<Vec<usize>> = vec![Vec::new(); distinct.len()];
+        let mut patterns_of = vec![Vec::new(); distinct.len()];
         for (index, fingerprint) in per_pattern.iter().enumerate() {
             let id = distinct
                 .binary_search(fingerprint)
                 .expect("every fingerprint is listed");
-            grouped[id].push(index);
+            patterns_of[id].push(index);
         }
-        let patterns_of = grouped
-            .into_iter()
-            .map(|mut indices| {
-                // Stable, so patterns of one literal keep the rules file's order.
-                indices.sort_by(|&a, &b| patterns[a].literal.cmp(&patterns[b].literal));
-                let mut previous: Option<&[u8]> = None;
-                indices
-                    .into_iter()
-                    .map(|index| {
-                        let literal = &patterns[index].literal[..];
-                        let same = previous == Some(literal);
-                        previous = Some(literal);
-                        (index, same)
-                    })
-                    .collect()
-            })
-            .collect();
         // It reports one fingerprint per start position; `same_start` finds the others
         // starting there.
         let prefilter = BlockSearch::new(&distinct)?;
@@ -409,20 +390,13 @@ impl<'a> Scan<'a> {
             let first = found.partition_point(|&(other, _)| other < id);
             let end = found.partition_point(|&(other, _)| other <= id);
             let places = &found[first..end];
-            // Whether the line holds the current literal, once it was checked.
-            let mut holds: Option<bool> = None;
-            for &(index, same_literal) in &compiled.patterns_of[id] {
+            for &index in &compiled.patterns_of[id] {
                 let pattern = &compiled.patterns[index];
-                if !same_literal {
-                    holds = None;
-                }
                 let saturated = !matches!(pattern.role, Role::Anchor | Role::Figure(_))
                     && self.hits[index].count >= FIRST_HITS as u64;
                 // The pattern's own literal first: far cheaper than the regex, and most
                 // lines sharing a common fingerprint ("CUDA") lack it.
-                if saturated
-                    || !*holds.get_or_insert_with(|| Self::holds_literal(places, pattern, line))
-                {
+                if saturated || !Self::holds_literal(places, pattern, line) {
                     continue;
                 }
                 let Some(regex) = pattern.regex() else {
