@@ -408,11 +408,12 @@ fn rates_on_real_logs() {
     // their tuning positions and the source sweep: 731/747 and 727/747, 224/246 and 220/246.
     // With batch 27 added untuned: 751/776 and 746/776, 229/252 and 224/252. With batches 26
     // and 28 added untuned: 793/828 and 786/828, 243/270 and 236/270 (floors lowered until their
-    // tuning misses are read).
-    floor("tuning: detected", tune.detected, tune.logs, 0.95);
-    floor("tuning: right fix", tune.right, tune.logs, 0.94);
-    floor("held out: detected", held.detected, held.logs, 0.89);
-    floor("held out: right fix", held.right, held.logs, 0.87);
+    // tuning misses are read). After tuning on their tuning positions and moving the second
+    // source sweep into the table with its patterns: 806/828 and 800/828, 246/270 and 239/270.
+    floor("tuning: detected", tune.detected, tune.logs, 0.97);
+    floor("tuning: right fix", tune.right, tune.logs, 0.96);
+    floor("held out: detected", held.detected, held.logs, 0.91);
+    floor("held out: right fix", held.right, held.logs, 0.88);
     assert_eq!(
         tune_h.false_alarms + held_h.false_alarms,
         0,
