@@ -11,6 +11,7 @@ pub mod literal;
 pub mod render;
 pub mod rules;
 pub mod scan;
+pub mod smi_table;
 pub mod sources;
 
 use std::collections::BTreeMap;
@@ -21,8 +22,9 @@ use serde::Serialize;
 
 use self::rules::{
     parse_builtin_rules, parse_rules, Confidence, Rule, RuleKind, RulesError, BUILTIN_RULES,
+    ROW_ANALYSES,
 };
-use self::scan::{CompileError, Compiled, Hit, Role, Scan};
+use self::scan::{CompileError, Compiled, Hit, Role, Row, Scan};
 
 /// Evidence lines shown per finding at most.
 const MAX_EVIDENCE: usize = 10;
@@ -250,6 +252,41 @@ impl KnowledgeBase {
     }
 
     /// Decides whether rule `index` fired, and builds its finding.
+    /// A rule whose analysis reads table rows (`rules::ROW_ANALYSES`): it fires only with the
+    /// analysis's reading, and its evidence is the rows that show it.
+    fn table_finding(
+        rule: &Rule,
+        analysis: &str,
+        rows: &[&Row],
+        matched_lines: u64,
+    ) -> Option<Finding> {
+        let reading = smi_table::read_rows(analysis, rows)?;
+        let evidence = rows
+            .iter()
+            .filter(|row| reading.lines.contains(&row.line))
+            .take(MAX_EVIDENCE)
+            .map(|row| Evidence {
+                line: row.line,
+                text: row.text.clone(),
+            })
+            .collect();
+        Some(Finding {
+            rule: rule.id.clone(),
+            variant: None,
+            name: rule.name.clone(),
+            kind: rule.kind,
+            confidence: reading.confidence,
+            cause: rule.cause.trim().to_string(),
+            evidence,
+            figures: BTreeMap::new(),
+            analysis: Some(reading.text),
+            fix: rule.fix.trim().to_string(),
+            references: rule.references.clone(),
+            see_also: Vec::new(),
+            matched_lines,
+        })
+    }
+
     fn evaluate(&self, index: usize, scan: &Scan) -> Option<Finding> {
         let rule = &self.rules[index];
         let mine = || {
@@ -271,6 +308,17 @@ impl KnowledgeBase {
         }
         if (0..rule.requires.len()).any(|group| found(Role::Requires(group)).next().is_none()) {
             return None;
+        }
+
+        if let Some(name) = rule
+            .analysis
+            .as_deref()
+            .filter(|name| ROW_ANALYSES.contains(name))
+        {
+            let rows: Vec<&Row> = found(Role::Anchor)
+                .flat_map(|set_index| &scan.rows[set_index])
+                .collect();
+            return Self::table_finding(rule, name, &rows, matched_lines);
         }
 
         let mut evidence: Vec<&Hit> = Vec::new();

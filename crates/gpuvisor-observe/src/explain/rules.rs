@@ -23,7 +23,13 @@ pub const ANALYSES: &[(&str, &[&str])] = &[
     ),
     ("jax-oom", &[]),
     ("jax-outside-pool", &["gpu-mostly-free"]),
+    ("ranks-on-first-gpu", &[]),
 ];
+
+/// The analyses that read table rows rather than figures: every line one of the rule's
+/// patterns matches is kept as a row (its capture groups, up to `scan::MAX_ROWS`), and the
+/// rule fires only if the analysis finds what it looks for in them.
+pub const ROW_ANALYSES: &[&str] = &["ranks-on-first-gpu"];
 
 /// How sure a finding is.
 #[derive(

@@ -19,14 +19,14 @@ mod hits;
 mod parallel;
 mod search;
 
-use hits::{line_text, read_figure};
-pub use hits::{FigureValue, Hit, PatternHits};
+use hits::{line_text, read_figure, read_row};
+pub use hits::{FigureValue, Hit, PatternHits, Row};
 use search::BlockSearch;
 pub use search::SIMD_SEARCH_LIMIT;
 
 use super::fingerprint::fingerprints;
 use super::literal::required_literal;
-use super::rules::{Combine, Rule};
+use super::rules::{Combine, Rule, ROW_ANALYSES};
 
 /// Bytes read per block. A line longer than this is matched in pieces.
 const BLOCK_BYTES: usize = 1 << 20;
@@ -35,6 +35,8 @@ const MAX_LINE_TEXT: usize = 2_000;
 /// Hits remembered at the start and at the end of the log, per pattern.
 const FIRST_HITS: usize = 3;
 const LAST_HITS: usize = 2;
+/// Rows kept per pattern for a table-reading analysis: more than any pasted nvidia-smi table.
+pub const MAX_ROWS: usize = 256;
 /// The shortest literal whose presence, without its pattern's match, makes a line a near miss
 /// of the rule. Shorter ones ("rror", "CUDA ", shared so the prefilter stays small) are on many
 /// lines of any failing log and would make every rule that uses them the closest.
@@ -79,6 +81,8 @@ pub struct PatternRef {
     fingerprint_offsets: Box<[usize]>,
     /// For figures: how repeated captures combine.
     combine: Option<Combine>,
+    /// An anchor of a rule whose analysis reads rows: every matching line is kept.
+    keeps_rows: bool,
 }
 
 impl PatternRef {
@@ -147,7 +151,12 @@ impl Compiled {
         for (source, role, combine, rule) in sources {
             let literal = required_literal(source)
                 .ok_or_else(|| CompileError(format!("pattern `{source}` has no literal")))?;
+            let reads_rows = rules[rule]
+                .analysis
+                .as_deref()
+                .is_some_and(|name| ROW_ANALYSES.contains(&name));
             patterns.push(PatternRef {
+                keeps_rows: role == Role::Anchor && reads_rows,
                 rule,
                 role,
                 literal: literal.text.as_bytes().into(),
@@ -210,6 +219,8 @@ pub struct Scan<'a> {
     pub hits: Vec<PatternHits>,
     /// Per set index; only figure patterns get values.
     pub figures: Vec<Option<FigureValue>>,
+    /// Per set index; only the anchors of a table-reading rule keep rows (at most `MAX_ROWS`).
+    pub rows: Vec<Vec<Row>>,
     /// Newlines seen before the current block.
     newlines: u64,
     /// Bytes read.
@@ -248,6 +259,7 @@ impl<'a> Scan<'a> {
             compiled,
             hits: vec![PatternHits::default(); count],
             figures: vec![None; count],
+            rows: vec![Vec::new(); count],
             newlines: 0,
             bytes: 0,
             ended_with_newline: true,
@@ -425,6 +437,11 @@ impl<'a> Scan<'a> {
                 if pattern.role == Role::Anchor && self.last_anchor_line[pattern.rule] != number {
                     self.last_anchor_line[pattern.rule] = number;
                     self.anchor_lines[pattern.rule] += 1;
+                }
+                if pattern.keeps_rows && self.rows[index].len() < MAX_ROWS {
+                    if let Some(row) = read_row(regex, line, number, text) {
+                        self.rows[index].push(row);
+                    }
                 }
                 if let Some(combine) = pattern.combine {
                     if let Some(value) = read_figure(regex, combine, line, number) {

@@ -59,6 +59,36 @@ impl PatternHits {
     }
 }
 
+/// A line kept whole for an analysis that reads tables (`rules::ROW_ANALYSES`): its capture
+/// groups, in order (an empty string for a group that did not take part).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Row {
+    /// Line number (from 1).
+    pub line: u64,
+    /// The line as evidence text.
+    pub text: String,
+    /// The capture groups.
+    pub fields: Vec<String>,
+}
+
+pub(super) fn read_row(regex: &Regex, line: &[u8], number: u64, text: &str) -> Option<Row> {
+    let captures = regex.captures(line)?;
+    let fields = captures
+        .iter()
+        .skip(1)
+        .map(|group| {
+            group.map_or_else(String::new, |group| {
+                String::from_utf8_lossy(group.as_bytes()).into_owned()
+            })
+        })
+        .collect();
+    Some(Row {
+        line: number,
+        text: text.to_string(),
+        fields,
+    })
+}
+
 /// A number read from the log.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FigureValue {

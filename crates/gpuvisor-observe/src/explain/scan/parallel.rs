@@ -12,7 +12,7 @@ use std::io::{self, Read};
 use std::sync::mpsc::{self, Receiver, SyncSender};
 use std::sync::{Arc, Mutex};
 
-use super::{Hit, PatternHits, Role, Scan, BLOCK_BYTES, FIRST_HITS};
+use super::{Hit, PatternHits, Role, Row, Scan, BLOCK_BYTES, FIRST_HITS, MAX_ROWS};
 
 /// A block sent to a worker: its place in the log and its bytes.
 type Job = (u64, Vec<u8>);
@@ -165,6 +165,13 @@ impl<'a> Scan<'a> {
             let role = self.compiled.patterns[index].role;
             let saturates = !matches!(role, Role::Anchor | Role::Figure(_));
             self.hits[index].append(hits, offset, saturates);
+        }
+        for (mine, theirs) in self.rows.iter_mut().zip(later.rows) {
+            let room = MAX_ROWS.saturating_sub(mine.len());
+            mine.extend(theirs.into_iter().take(room).map(|row| Row {
+                line: row.line + offset,
+                ..row
+            }));
         }
         for (mine, theirs) in self.figures.iter_mut().zip(later.figures) {
             if let Some(mut value) = theirs {
