@@ -94,6 +94,40 @@ impl PatternRef {
     }
 }
 
+/// One fingerprint's patterns, keyed by the bytes after the fingerprint in their literal: a
+/// line holds a pattern's literal only if those bytes follow the fingerprint there too, so of a
+/// common fingerprint's many patterns ("CUDA": 57, most of them "CUDA_" or "CUDA ") a line is
+/// checked against the few that continue as it does.
+#[derive(Debug, Clone, Default)]
+struct ByNextByte {
+    /// (the two bytes after the fingerprint, set index), sorted.
+    two: Vec<(u16, usize)>,
+    /// (the one byte after it, where the literal ends there, set index), sorted.
+    one: Vec<(u8, usize)>,
+    /// Patterns whose literal ends with the fingerprint, or holds it more than once.
+    always: Vec<usize>,
+}
+
+/// The entries of a sorted `(key, index)` list whose key is `key`.
+fn keyed<K: Ord + Copy>(list: &[(K, usize)], key: K) -> impl Iterator<Item = usize> + '_ {
+    let start = list.partition_point(|&(other, _)| other < key);
+    let end = list.partition_point(|&(other, _)| other <= key);
+    list[start..end].iter().map(|&(_, index)| index)
+}
+
+impl ByNextByte {
+    /// Adds to `out` the patterns to check where the fingerprint is followed by `after` (the
+    /// rest of the line).
+    fn extend_for(&self, after: &[u8], out: &mut Vec<usize>) {
+        if let [first, rest @ ..] = after {
+            out.extend(keyed(&self.one, *first));
+            if let [second, ..] = rest {
+                out.extend(keyed(&self.two, u16::from_be_bytes([*first, *second])));
+            }
+        }
+    }
+}
+
 /// All rules compiled for matching.
 #[derive(Debug)]
 pub struct Compiled {
@@ -103,8 +137,9 @@ pub struct Compiled {
     /// The block search reports one fingerprint per position, so these are the ones that may
     /// also be present where it reported this one.
     same_start: Vec<Vec<usize>>,
-    /// Per fingerprint id: the patterns (set indices) that require it.
-    patterns_of: Vec<Vec<usize>>,
+    /// Per fingerprint id: the patterns (set indices) that require it, split by the byte that
+    /// follows the fingerprint in their literal (see [`ByNextByte`]).
+    patterns_of: Vec<ByNextByte>,
     /// Per set index.
     pub patterns: Vec<PatternRef>,
     /// The distinct strings the prefilter searches for.
@@ -178,12 +213,27 @@ impl Compiled {
         let mut distinct = per_pattern.clone();
         distinct.sort();
         distinct.dedup();
-        let mut patterns_of = vec![Vec::new(); distinct.len()];
+        let mut patterns_of = vec![ByNextByte::default(); distinct.len()];
         for (index, fingerprint) in per_pattern.iter().enumerate() {
             let id = distinct
                 .binary_search(fingerprint)
                 .expect("every fingerprint is listed");
-            patterns_of[id].push(index);
+            let pattern = &patterns[index];
+            let after = match *pattern.fingerprint_offsets {
+                [before] => pattern.literal.get(before + fingerprint.len()..),
+                _ => None,
+            };
+            match after {
+                Some([first, second, ..]) => patterns_of[id]
+                    .two
+                    .push((u16::from_be_bytes([*first, *second]), index)),
+                Some([first]) => patterns_of[id].one.push((*first, index)),
+                _ => patterns_of[id].always.push(index),
+            }
+        }
+        for patterns in &mut patterns_of {
+            patterns.two.sort_unstable();
+            patterns.one.sort_unstable();
         }
         // It reports one fingerprint per start position; `same_start` finds the others
         // starting there.
@@ -232,6 +282,8 @@ pub struct Scan<'a> {
     present: Vec<bool>,
     present_ids: Vec<usize>,
     found: Vec<(usize, usize)>,
+    /// Scratch: the patterns one fingerprint's places on the current line call for.
+    candidates: Vec<usize>,
     /// Per rule: lines any of its main patterns matched (a line counts once).
     pub anchor_lines: Vec<u64>,
     /// Per rule: the last line counted in `anchor_lines`.
@@ -266,6 +318,7 @@ impl<'a> Scan<'a> {
             present: vec![false; compiled.fingerprints.len()],
             present_ids: Vec::new(),
             found: Vec::new(),
+            candidates: Vec::new(),
             anchor_lines: vec![0; rules],
             last_anchor_line: vec![0; rules],
             near_lines: vec![0; rules],
@@ -402,7 +455,20 @@ impl<'a> Scan<'a> {
             let first = found.partition_point(|&(other, _)| other < id);
             let end = found.partition_point(|&(other, _)| other <= id);
             let places = &found[first..end];
-            for &index in &compiled.patterns_of[id] {
+            let fingerprint_len = compiled.fingerprints[id].len();
+            let by_next = &compiled.patterns_of[id];
+            let mut candidates = std::mem::take(&mut self.candidates);
+            candidates.clear();
+            candidates.extend_from_slice(&by_next.always);
+            for &(_, at) in places {
+                let after = line.get(at + fingerprint_len..).unwrap_or_default();
+                by_next.extend_for(after, &mut candidates);
+            }
+            if places.len() > 1 {
+                candidates.sort_unstable();
+                candidates.dedup();
+            }
+            for &index in &candidates {
                 let pattern = &compiled.patterns[index];
                 let saturated = !matches!(pattern.role, Role::Anchor | Role::Figure(_))
                     && self.hits[index].count >= FIRST_HITS as u64;
@@ -449,6 +515,7 @@ impl<'a> Scan<'a> {
                     }
                 }
             }
+            self.candidates = candidates;
         }
         ids.clear();
         self.present_ids = ids;
