@@ -137,8 +137,8 @@ pub struct Compiled {
     /// The block search reports one fingerprint per position, so these are the ones that may
     /// also be present where it reported this one.
     same_start: Vec<Vec<usize>>,
-    /// Per fingerprint id: the patterns (set indices) that require it, split by the byte that
-    /// follows the fingerprint in their literal (see [`ByNextByte`]).
+    /// Per fingerprint id: the patterns (set indices) that require it, keyed by the bytes that
+    /// follow the fingerprint in their literal (see [`ByNextByte`]).
     patterns_of: Vec<ByNextByte>,
     /// Per set index.
     pub patterns: Vec<PatternRef>,
