@@ -58,14 +58,13 @@ fn process_rows(rows: &[&Row]) -> Vec<ProcessRow> {
     seen.into_values().collect()
 }
 
-/// Two readings of one job's ranks on the first GPU listed (the lowest index: with
-/// CUDA_VISIBLE_DEVICES=5,6,7,8 that is GPU 5):
+/// One job's ranks on the first GPU listed (the lowest index: with CUDA_VISIBLE_DEVICES=5,6,7,8
+/// that is GPU 5): two or more processes hold memory there *and* more on another GPU, so each
+/// is a rank with a GPU of its own that also made a context (or put tensors) on the first one.
 ///
-/// - two or more processes hold memory there *and* more on another GPU: each is a rank with a
-///   GPU of its own that also made a context (or put tensors) on the first one;
-/// - the table shows the first GPU only, and beside its largest process three or more others
-///   hold nearly the same amount (within 10%, under half the largest) with process ids a few
-///   apart: one launcher started them, and each put a context there. Weaker, so medium.
+/// Not read from the first GPU's rows alone (several alike small processes started together
+/// beside a large one): on a one-GPU machine that is a learner with its actors, each with a
+/// context on purpose, and a pasted table rarely shows whether other GPUs exist.
 fn ranks_on_first_gpu(rows: &[ProcessRow]) -> Option<RowReading> {
     let first = rows.iter().map(|row| row.gpu).min()?;
     let mut on_first: BTreeMap<u64, ProcessRow> = BTreeMap::new();
@@ -82,40 +81,17 @@ fn ranks_on_first_gpu(rows: &[ProcessRow]) -> Option<RowReading> {
         .values()
         .filter(|row| elsewhere.get(&row.pid).is_some_and(|&own| row.mib < own))
         .collect();
-    if shared.len() >= 2 {
-        let largest = shared.iter().map(|row| row.mib).max().unwrap_or(0);
-        return Some(RowReading {
-            text: format!(
-                "{} processes hold up to {largest} MiB each on GPU {first} and more on a GPU of their own: they are this job's ranks, each with a context on GPU {first} too",
-                shared.len()
-            ),
-            lines: shared.iter().map(|row| row.line).collect(),
-            confidence: Confidence::High,
-        });
-    }
-    if !elsewhere.is_empty() {
+    if shared.len() < 2 {
         return None;
     }
-    let largest = on_first.values().map(|row| row.mib).max()?;
-    let mut others: Vec<&ProcessRow> = on_first
-        .values()
-        .filter(|row| row.mib * 2 < largest)
-        .collect();
-    others.sort_by_key(|row| row.pid);
-    let (Some(low), Some(high)) = (others.first(), others.last()) else {
-        return None;
-    };
-    let smallest = others.iter().map(|row| row.mib).min().unwrap_or(0);
-    let biggest = others.iter().map(|row| row.mib).max().unwrap_or(0);
-    let count = others.len() as u64;
-    let alike = biggest <= smallest + smallest / 10;
-    let together = high.pid - low.pid <= 4 * count;
-    (count >= 3 && alike && together && smallest > 0).then(|| RowReading {
+    let largest = shared.iter().map(|row| row.mib).max().unwrap_or(0);
+    Some(RowReading {
         text: format!(
-            "beside the largest process on GPU {first} ({largest} MiB), {count} others with process ids a few apart hold about {biggest} MiB each: one launcher started them, and each made a context on GPU {first}"
+            "{} processes hold up to {largest} MiB each on GPU {first} and more on a GPU of their own: they are this job's ranks, each with a context on GPU {first} too",
+            shared.len()
         ),
-        lines: others.iter().map(|row| row.line).collect(),
-        confidence: Confidence::Medium,
+        lines: shared.iter().map(|row| row.line).collect(),
+        confidence: Confidence::High,
     })
 }
 
@@ -207,20 +183,23 @@ mod tests {
     }
 
     #[test]
-    fn alike_small_processes_started_together_beside_a_large_one_on_gpu_0() {
-        let reading = read(&[
-            (0, 62250, 4903),
-            (0, 62251, 725),
-            (0, 62252, 725),
-            (0, 62253, 725),
-        ])
-        .expect("a reading");
-        assert_eq!(reading.confidence, Confidence::Medium);
-        assert_eq!(reading.lines, vec![2, 3, 4]);
+    fn a_learner_and_its_actors_on_one_gpu_are_not_ranks() {
+        // Alike small processes started together beside a large one, the first GPU only: a
+        // one-GPU machine's learner and actors look the same as ranks whose own GPUs were not
+        // pasted, so nothing is read from it.
+        assert_eq!(
+            read(&[
+                (0, 62250, 4903),
+                (0, 62251, 725),
+                (0, 62252, 725),
+                (0, 62253, 725),
+            ]),
+            None
+        );
     }
 
     #[test]
-    fn two_small_processes_are_too_few_without_other_gpus() {
-        assert_eq!(read(&[(0, 1, 4903), (0, 2, 725), (0, 3, 725)]), None);
+    fn one_shared_process_is_too_few() {
+        assert_eq!(read(&[(0, 1, 4903), (0, 2, 725), (1, 2, 9000)]), None);
     }
 }
