@@ -166,6 +166,11 @@ pub struct Rule {
     /// Found anywhere: the confidence goes up one level.
     #[serde(default)]
     pub supporting: Vec<String>,
+    /// CUDA error codes the rule owns, read where a check macro prints only the number
+    /// (docs/explain.md, "Bare CUDA error codes"): each list adds [`bare_code_patterns`] to
+    /// `patterns` when the file is parsed.
+    #[serde(default)]
+    pub cuda_codes: Vec<u32>,
     /// Each group needs at least one of its regexes found somewhere, or the rule stays quiet.
     #[serde(default)]
     pub requires: Vec<Vec<String>>,
@@ -237,8 +242,30 @@ pub(crate) fn parse_builtin_rules(text: &str) -> Result<Vec<Rule>, RulesError> {
     parse_rules_checking(text, false)
 }
 
+/// The three forms a bare CUDA error code takes in programs' own check macros: `CUDA error
+/// 700 at f.cu:41` (also `Cuda error: 35`, `CUDA error code=2`), `CUresult error: 2` and
+/// `Return value 46 from 'cudaStreamCreate(...)'`.
+pub fn bare_code_patterns(codes: &[u32]) -> [String; 3] {
+    let codes = codes
+        .iter()
+        .map(u32::to_string)
+        .collect::<Vec<_>>()
+        .join("|");
+    [
+        format!(r"[Cc](UDA|uda) [Ee]rror( code)?( ?[=:] ?| )({codes})([^\w.]|\.?$)"),
+        format!(r"CUresult error:? +(result=)?({codes})\b"),
+        format!("value ({codes}) from 'cuda"),
+    ]
+}
+
 fn parse_rules_checking(text: &str, compile: bool) -> Result<Vec<Rule>, RulesError> {
-    let file: RulesFile = toml::from_str(text)?;
+    let mut file: RulesFile = toml::from_str(text)?;
+    for rule in &mut file.rule {
+        if !rule.cuda_codes.is_empty() {
+            let generated = bare_code_patterns(&rule.cuda_codes);
+            rule.patterns.extend(generated);
+        }
+    }
     let mut ids = HashSet::new();
     for rule in &file.rule {
         let invalid = |reason: String, hint: &str| RulesError::Invalid {
@@ -415,6 +442,34 @@ mod tests {
         for (text, expected) in cases {
             let error = parse_rules(&text).expect_err(&text).to_string();
             assert!(error.contains(expected), "{error} lacks {expected}");
+        }
+    }
+
+    #[test]
+    fn cuda_codes_read_the_number_in_each_bare_form() {
+        let rules = parse_rules(&one_rule("patterns = []\ncuda_codes = [46, 805]"))
+            .expect("codes alone make the patterns");
+        let knowledge = super::super::KnowledgeBase::from_toml(&one_rule(
+            "patterns = []\ncuda_codes = [46, 805]",
+        ))
+        .expect("compiles");
+        assert_eq!(rules[0].patterns.len(), 3);
+        for line in [
+            "CUDA error 46 at kernel.cu:41",
+            "Cuda error: 805",
+            "CUresult error: result=46",
+            "Return value 805 from 'cudaStreamCreate(&stream)'",
+        ] {
+            let report = knowledge.explain_text("t", line);
+            assert_eq!(report.findings.len(), 1, "{line}");
+        }
+        for line in [
+            "CUDA error 460 at kernel.cu:41",
+            "CUDA error 4.6",
+            "CUresult error: 8050",
+        ] {
+            let report = knowledge.explain_text("t", line);
+            assert!(report.findings.is_empty(), "{line}");
         }
     }
 }
