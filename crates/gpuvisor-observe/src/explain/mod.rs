@@ -275,7 +275,7 @@ impl KnowledgeBase {
             variant: None,
             name: rule.name.clone(),
             kind: rule.kind,
-            confidence: reading.confidence,
+            confidence: rule.confidence,
             cause: rule.cause.trim().to_string(),
             evidence,
             figures: BTreeMap::new(),

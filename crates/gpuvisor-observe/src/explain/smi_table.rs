@@ -8,7 +8,6 @@
 
 use std::collections::BTreeMap;
 
-use super::rules::Confidence;
 use super::scan::Row;
 
 /// What a table-reading analysis found.
@@ -18,8 +17,6 @@ pub struct RowReading {
     pub text: String,
     /// The lines that show it (evidence).
     pub lines: Vec<u64>,
-    /// How sure the reading is.
-    pub confidence: Confidence,
 }
 
 /// Runs table analysis `name` over `rows`.
@@ -91,7 +88,6 @@ fn ranks_on_first_gpu(rows: &[ProcessRow]) -> Option<RowReading> {
             shared.len()
         ),
         lines: shared.iter().map(|row| row.line).collect(),
-        confidence: Confidence::High,
     })
 }
 
@@ -127,7 +123,6 @@ mod tests {
             (2, 102, 9050),
         ])
         .expect("a reading");
-        assert_eq!(reading.confidence, Confidence::High);
         assert_eq!(reading.lines, vec![2, 3]);
         assert!(reading
             .text
@@ -159,25 +154,6 @@ mod tests {
     fn one_process_spanning_every_gpu_is_not_ranks() {
         assert_eq!(
             read(&[(0, 100, 9000), (1, 100, 9000), (2, 100, 9000)]),
-            None
-        );
-    }
-
-    #[test]
-    fn several_jobs_sharing_gpu_0_with_distant_ids_or_sizes_are_not_ranks() {
-        // Unrelated jobs: ids far apart.
-        assert_eq!(
-            read(&[
-                (0, 100, 9000),
-                (0, 5000, 800),
-                (0, 9000, 800),
-                (0, 20000, 800)
-            ]),
-            None
-        );
-        // Sizes differ.
-        assert_eq!(
-            read(&[(0, 100, 9000), (0, 101, 800), (0, 102, 2000), (0, 103, 300)]),
             None
         );
     }

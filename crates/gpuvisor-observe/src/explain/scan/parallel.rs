@@ -243,9 +243,10 @@ mod tests {
     /// Everything a scan hands on, as text.
     fn state(scan: &Scan) -> String {
         format!(
-            "{:?}\n{:?}\n{:?}\n{:?}\n{:?}\n{:?}\n{}",
+            "{:?}\n{:?}\n{:?}\n{:?}\n{:?}\n{:?}\n{:?}\n{}",
             scan.hits,
             scan.figures,
+            scan.rows,
             scan.anchor_lines,
             scan.near_lines,
             scan.near_first,
