@@ -427,9 +427,10 @@ fn rates_on_real_logs() {
     // untuned: 857/887 and 848/887, 259/285 and 252/285. After tuning on their tuning positions
     // (the drivers', containers', loaders' and zsh's own wording): 863/887 and 854/887, 260/285
     // and 253/285. With batches 33 and 34 added untuned: 880/911 and 871/911, 265/292 and
-    // 258/292 (the tuning floors lowered until their tuning misses are read).
-    floor("tuning: detected", tune.detected, tune.logs, 0.96);
-    floor("tuning: right fix", tune.right, tune.logs, 0.95);
+    // 258/292. After tuning on their tuning positions (NCCL's older socket WARNs, SIGBUS in
+    // NCCL's shared memory): 886/911 and 877/911, held out unchanged.
+    floor("tuning: detected", tune.detected, tune.logs, 0.97);
+    floor("tuning: right fix", tune.right, tune.logs, 0.96);
     floor("held out: detected", held.detected, held.logs, 0.90);
     floor("held out: right fix", held.right, held.logs, 0.88);
     assert_eq!(
