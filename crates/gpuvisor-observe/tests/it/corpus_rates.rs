@@ -434,11 +434,12 @@ fn rates_on_real_logs() {
     // 258/292. After tuning on their tuning positions (NCCL's older socket WARNs, SIGBUS in
     // NCCL's shared memory): 886/911 and 877/911, held out unchanged. With batches 37 to 40
     // added untuned: 918/957 and 909/957, 272/303 and 265/303 (floors lowered until their
-    // tuning misses are read).
-    floor("tuning: detected", tune.detected, tune.logs, 0.95);
-    floor("tuning: right fix", tune.right, tune.logs, 0.94);
-    floor("held out: detected", held.detected, held.logs, 0.89);
-    floor("held out: right fix", held.right, held.logs, 0.87);
+    // tuning misses are read). After cuSolver's internal error became a library mismatch and
+    // batches 37 to 40's other tuning misses were read: 932/957 and 923/957, 276/303 and 269/303.
+    floor("tuning: detected", tune.detected, tune.logs, 0.97);
+    floor("tuning: right fix", tune.right, tune.logs, 0.96);
+    floor("held out: detected", held.detected, held.logs, 0.90);
+    floor("held out: right fix", held.right, held.logs, 0.88);
     assert_eq!(
         tune_h.false_alarms + held_h.false_alarms,
         0,
