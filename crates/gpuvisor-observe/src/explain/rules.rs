@@ -137,6 +137,11 @@ pub struct Variant {
     /// the rule's analysis can choose it.
     #[serde(default)]
     pub when: Vec<String>,
+    /// Messages that both mark the failure and choose this variant: parsing moves each into the
+    /// rule's `patterns` and this variant's `when`, so one line does not have to be written
+    /// twice. Empty once parsed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub patterns: Vec<String>,
     /// Replaces the rule's name.
     pub name: Option<String>,
     /// Replaces the rule's cause.
@@ -264,6 +269,11 @@ fn parse_rules_checking(text: &str, compile: bool) -> Result<Vec<Rule>, RulesErr
         if !rule.cuda_codes.is_empty() {
             let generated = bare_code_patterns(&rule.cuda_codes);
             rule.patterns.extend(generated);
+        }
+        for variant in &mut rule.variant {
+            let own = std::mem::take(&mut variant.patterns);
+            rule.patterns.extend(own.iter().cloned());
+            variant.when.extend(own);
         }
     }
     let mut ids = HashSet::new();
@@ -471,5 +481,22 @@ mod tests {
             let report = knowledge.explain_text("t", line);
             assert!(report.findings.is_empty(), "{line}");
         }
+    }
+
+    #[test]
+    fn a_variants_own_patterns_mark_the_failure_and_choose_the_variant() {
+        let text = one_rule(
+            "patterns = ['abcd']\n[[rule.variant]]\nid = \"v\"\ncause = \"c\"\nfix = \"f\"\npatterns = ['wxyz']",
+        );
+        let rules = parse_rules(&text).expect("parses");
+        assert_eq!(rules[0].patterns, ["abcd", "wxyz"]);
+        assert_eq!(rules[0].variant[0].when, ["wxyz"]);
+        assert!(rules[0].variant[0].patterns.is_empty());
+        let knowledge = super::super::KnowledgeBase::from_toml(&text).expect("compiles");
+        let report = knowledge.explain_text("t", "a wxyz line");
+        assert_eq!(report.findings.len(), 1);
+        assert_eq!(report.findings[0].variant.as_deref(), Some("v"));
+        let report = knowledge.explain_text("t", "an abcd line");
+        assert_eq!(report.findings[0].variant, None);
     }
 }
